@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Main job: install, then compile the default model once and run it at several shapes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh models
+.venv/bin/symfuse demo "$@"

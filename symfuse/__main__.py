@@ -1,0 +1,5 @@
+import sys
+
+from symfuse.cli import main
+
+sys.exit(main())

@@ -1,0 +1,95 @@
+"""The public entry point: `symfuse.compile` and the module it returns."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from symfuse.explain import explain as _explain
+from symfuse.frontend import Captured, capture
+from symfuse.reference import ReferenceExecutor
+from symfuse.runtime.guard import make_guard
+from symfuse.shape.guards import guard_spec
+
+log = logging.getLogger("symfuse")
+_compile_count = 0
+
+REFERENCE_BACKEND = "reference executor (each op runs through its PyTorch reference; no generated code yet)"
+
+
+def compile_count() -> int:
+    """How many times this process has compiled a model (each `symfuse.compile` call is one)."""
+    return _compile_count
+
+
+class CompiledModule:
+    """A model compiled once for every binding of its symbolic dims."""
+
+    def __init__(self, captured: Captured) -> None:
+        self.captured = captured
+        self.graph = captured.graph
+        self.store = captured.store
+        self.backend = REFERENCE_BACKEND
+        self.guard = make_guard(guard_spec(captured.declared, captured.store))
+        self._executor = ReferenceExecutor(captured.graph)
+        self._tensor_names = [v.name for v in captured.declared]
+
+    @property
+    def symbols(self) -> list[str]:
+        return list(self.store.symbols)
+
+    def _inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+        names = self.captured.input_names
+        if len(args) > len(names):
+            raise ValueError(f"expected at most {len(names)} inputs ({', '.join(names)}), got {len(args)} positional")
+        given = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names:
+                raise ValueError(f"unexpected input '{k}'; the compiled model takes {', '.join(names)}")
+            if k in given:
+                raise ValueError(f"input '{k}' given twice")
+            given[k] = v
+        for k, v in self.captured.fixed.items():
+            if k in given and given[k] != v:
+                raise ValueError(f"input '{k}' was {v!r} when the model was compiled and is fixed; got {given[k]!r}")
+        missing = [k for k in self._tensor_names if k not in given]
+        if missing:
+            raise ValueError(f"missing input(s) {', '.join(missing)}")
+        return [given[k] for k in self._tensor_names]
+
+    def bind(self, *args, **kwargs) -> dict[str, int]:
+        """Check inputs and return the value of every symbol, without running."""
+        return self.guard(self._inputs(args, kwargs))
+
+    def __call__(self, *args, **kwargs):
+        tensors = self._inputs(args, kwargs)
+        binding = self.guard(tensors)
+        with torch.no_grad():
+            outs = self._executor.run(binding, tensors)
+        return pytree.tree_unflatten(outs, self.captured.out_spec)
+
+    def explain(self, *, with_graph: bool = True) -> str:
+        return _explain(self.graph, self.store, backend=self.backend, notes=self.captured.notes, with_graph=with_graph)
+
+    def __repr__(self) -> str:
+        return f"<symfuse.CompiledModule {self.graph.name} symbols={self.symbols} backend='{self.backend}'>"
+
+
+def compile(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) -> CompiledModule:  # noqa: A001
+    """Compile `model` once for all bindings of its dynamic dims.
+
+    example_inputs: a tensor, a tuple of positional inputs, or a dict of keyword inputs.
+        Dynamic dims need example sizes of at least 2 (torch.export specialises 0 and 1).
+    dynamic: `{input name: {dim: name}}` (names may be `torch.export.Dim`s with ranges;
+        the same name on two dims declares them equal), or a tuple of such dicts for
+        positional inputs. When omitted, every dim of every tensor input is dynamic
+        unless the model fixes it; those dims are named `<input>_<dim>`.
+    """
+    global _compile_count
+    captured = capture(model, example_inputs, dynamic)
+    _compile_count += 1
+    log.info("symfuse: captured %s in %.2fs (%d ops)", captured.graph.name, captured.seconds, len(captured.graph.nodes))
+    return CompiledModule(captured)

@@ -1,0 +1,518 @@
+"""The mapping from torch.export's ATen ops to symfuse registry ops.
+
+One entry per ATen overload. A converter receives the `Converter` (which resolves FX
+arguments to symfuse values, dims and scalars) and the bound arguments of the node, and
+emits registry ops. Small compositions (split into slices, diff into slices and a
+subtract, addmm into matmul and add) happen here so the registry stays small.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from symfuse.ir.dims import dim, product
+from symfuse.ir.dtypes import DType
+
+aten = torch.ops.aten
+
+
+class Unsupported(Exception):
+    """This use of a known op cannot be captured (a reason, not a crash)."""
+
+
+ATEN: dict[Any, Callable] = {}
+
+
+def converts(*targets):
+    def register(fn):
+        for t in targets:
+            ATEN[t] = fn
+        return fn
+
+    return register
+
+
+def _pair(v) -> tuple[int, int]:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return (int(v[0]), int(v[-1]))
+
+
+def _dt(v) -> DType | None:
+    return DType.of(v) if v is not None else None
+
+
+# -- element-wise --------------------------------------------------------------------
+
+UNARY = {
+    aten.abs.default: "abs", aten.neg.default: "neg", aten.exp.default: "exp", aten.log.default: "log",
+    aten.sqrt.default: "sqrt", aten.rsqrt.default: "rsqrt", aten.tanh.default: "tanh",
+    aten.sigmoid.default: "sigmoid", aten.erf.default: "erf", aten.sin.default: "sin", aten.cos.default: "cos",
+    aten.reciprocal.default: "reciprocal", aten.relu.default: "relu", aten.silu.default: "silu",
+    aten.logical_not.default: "logical_not", aten.bitwise_not.default: "bitwise_not",
+}  # fmt: skip
+for _t, _op in UNARY.items():
+    ATEN[_t] = lambda cv, a, _op=_op: cv.emit(_op, [cv.tensor(a["self"])])
+
+BINARY = {
+    aten.add.Tensor: "add", aten.add.Scalar: "add", aten.sub.Tensor: "sub", aten.sub.Scalar: "sub",
+    aten.mul.Tensor: "mul", aten.mul.Scalar: "mul", aten.maximum.default: "maximum",
+    aten.minimum.default: "minimum", aten.max.other: "maximum", aten.min.other: "minimum",
+    aten.pow.Tensor_Tensor: "pow", aten.eq.Tensor: "eq", aten.eq.Scalar: "eq", aten.ne.Tensor: "ne",
+    aten.ne.Scalar: "ne", aten.lt.Tensor: "lt", aten.lt.Scalar: "lt", aten.le.Tensor: "le",
+    aten.le.Scalar: "le", aten.gt.Tensor: "gt", aten.gt.Scalar: "gt", aten.ge.Tensor: "ge",
+    aten.ge.Scalar: "ge", aten.__and__.Tensor: "bitwise_and", aten.bitwise_and.Tensor: "bitwise_and",
+    aten.__or__.Tensor: "bitwise_or", aten.bitwise_or.Tensor: "bitwise_or",
+    aten.logical_and.default: "logical_and", aten.logical_or.default: "logical_or",
+}  # fmt: skip
+
+
+def _binary(op):
+    def convert(cv, a):
+        x, y = cv.operand(a["self"]), cv.operand(a["other"])
+        alpha = a.get("alpha", 1)
+        if alpha != 1:
+            y = cv.emit("mul", [y, cv.operand(alpha)])
+        return cv.emit(op, [x, y])
+
+    return convert
+
+
+for _t, _op in BINARY.items():
+    ATEN[_t] = _binary(_op)
+
+
+@converts(aten.rsub.Scalar, aten.rsub.Tensor)
+def _rsub(cv, a):
+    y = cv.operand(a["self"])
+    if a.get("alpha", 1) != 1:
+        y = cv.emit("mul", [y, cv.operand(a["alpha"])])
+    return cv.emit("sub", [cv.operand(a["other"]), y])
+
+
+@converts(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div(cv, a):
+    return cv.emit("div", [cv.operand(a["self"]), cv.operand(a["other"])], rounding_mode=a.get("rounding_mode"))
+
+
+@converts(aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar)
+def _where(cv, a):
+    return cv.emit("where", [cv.tensor(a["condition"]), cv.operand(a["self"]), cv.operand(a["other"])])
+
+
+@converts(aten.pow.Tensor_Scalar)
+def _pow_scalar(cv, a):
+    return cv.emit("pow_scalar", [cv.tensor(a["self"])], exponent=a["exponent"])
+
+
+@converts(aten.pow.Scalar)
+def _pow_base(cv, a):
+    return cv.emit("pow", [cv.operand(a["self"]), cv.tensor(a["exponent"])])
+
+
+@converts(aten.gelu.default)
+def _gelu(cv, a):
+    return cv.emit("gelu", [cv.tensor(a["self"])], approximate=a.get("approximate", "none"))
+
+
+@converts(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.hardtanh.default)
+def _clamp(cv, a):
+    lo = a.get("min", a.get("min_val"))
+    hi = a.get("max", a.get("max_val"))
+    return cv.emit("clamp", [cv.tensor(a["self"])], min=lo, max=hi)
+
+
+@converts(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten.type_as.default)
+def _to(cv, a):
+    x = cv.tensor(a["self"])
+    if "other" in a:
+        dtype = cv.tensor(a["other"]).type.dtype
+    else:
+        dtype = _dt(a.get("dtype"))
+    if dtype is None or dtype == x.type.dtype:
+        return x
+    return cv.emit("cast", [x], dtype=dtype)
+
+
+@converts(
+    aten.clone.default, aten.contiguous.default, aten.alias.default, aten.detach.default,
+    aten.lift_fresh_copy.default, aten.dropout.default,
+)  # fmt: skip
+def _identity(cv, a):
+    if a.get("train", False):
+        raise Unsupported("dropout in training mode; call model.eval() before compiling")
+    return cv.tensor(a["self"] if "self" in a else a["input"])
+
+
+@converts(aten._assert_tensor_metadata.default)
+def _assert_metadata(cv, a):
+    x = cv.tensor(a["a"])
+    if a.get("dtype") is not None and DType.of(a["dtype"]) != x.type.dtype:
+        raise Unsupported(f"model asserts dtype {a['dtype']} for a tensor of dtype {x.type.dtype}")
+    return None
+
+
+# -- creation --------------------------------------------------------------------------
+
+
+def _default_dtype(value) -> DType:
+    if isinstance(value, bool):
+        return DType.bool
+    return DType.float32 if isinstance(value, float) else DType.int64
+
+
+@converts(aten.full.default)
+def _full(cv, a):
+    v = cv.scalar(a["fill_value"])
+    return cv.emit("full", [], shape=cv.dims(a["size"]), value=v, dtype=_dt(a.get("dtype")) or _default_dtype(v))
+
+
+@converts(aten.zeros.default, aten.ones.default)
+def _zeros_ones(cv, a, value=None):
+    v = 1 if cv.target is aten.ones.default else 0
+    return cv.emit("full", [], shape=cv.dims(a["size"]), value=v, dtype=_dt(a.get("dtype")) or DType.float32)
+
+
+@converts(aten.new_ones.default, aten.new_zeros.default, aten.new_full.default, aten.new_empty.default)
+def _new_full(cv, a):
+    x = cv.tensor(a["self"])
+    v = {aten.new_ones.default: 1, aten.new_zeros.default: 0, aten.new_empty.default: 0}.get(cv.target)
+    v = cv.scalar(a["fill_value"]) if v is None else v
+    return cv.emit("full", [], shape=cv.dims(a["size"]), value=v, dtype=_dt(a.get("dtype")) or x.type.dtype)
+
+
+@converts(aten.full_like.default, aten.zeros_like.default, aten.ones_like.default)
+def _full_like(cv, a):
+    x = cv.tensor(a["self"])
+    v = {aten.zeros_like.default: 0, aten.ones_like.default: 1}.get(cv.target)
+    v = cv.scalar(a["fill_value"]) if v is None else v
+    return cv.emit("full", [], shape=x.type.shape, value=v, dtype=_dt(a.get("dtype")) or x.type.dtype)
+
+
+@converts(aten.scalar_tensor.default)
+def _scalar_tensor(cv, a):
+    v = cv.scalar(a["s"])
+    return cv.emit("full", [], shape=(), value=v, dtype=_dt(a.get("dtype")) or DType.float32)
+
+
+@converts(aten.arange.default, aten.arange.start, aten.arange.start_step)
+def _arange(cv, a):
+    start, end, step = cv.scalar(a.get("start", 0)), cv.scalar(a["end"]), a.get("step", 1)
+    if any(isinstance(v, float) for v in (start, end, step)):
+        raise Unsupported("arange with float bounds")
+    return cv.emit("arange", [], start=dim(start), end=dim(end), step=int(step), dtype=_dt(a.get("dtype")) or DType.int64)
+
+
+# -- layout ---------------------------------------------------------------------------
+
+
+@converts(aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+def _reshape(cv, a):
+    return cv.emit("reshape", [cv.tensor(a["self"])], shape=cv.dims(a["size" if "size" in a else "shape"]))
+
+
+@converts(aten.flatten.using_ints)
+def _flatten(cv, a):
+    x = cv.tensor(a["self"])
+    s = list(x.type.shape)
+    if not s:
+        return cv.emit("reshape", [x], shape=(dim(1),))
+    lo, hi = a.get("start_dim", 0) % len(s), a.get("end_dim", -1) % len(s)
+    return cv.emit("reshape", [x], shape=tuple(s[:lo] + [product(s[lo : hi + 1])] + s[hi + 1 :]))
+
+
+@converts(aten.unsqueeze.default)
+def _unsqueeze(cv, a):
+    x = cv.tensor(a["self"])
+    s = list(x.type.shape)
+    d = a["dim"] % (len(s) + 1)
+    return cv.emit("reshape", [x], shape=tuple(s[:d] + [dim(1)] + s[d:]))
+
+
+@converts(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+def _squeeze(cv, a):
+    x = cv.tensor(a["self"])
+    s = list(x.type.shape)
+    dims = a.get("dim", a.get("dims"))
+    dims = range(len(s)) if dims is None else ([dims] if isinstance(dims, int) else dims)
+    drop = {d % max(len(s), 1) for d in dims if s[d % max(len(s), 1)] == 1}
+    for d in dims:
+        if not s[d % max(len(s), 1)].is_Integer:
+            raise Unsupported(f"squeeze of dynamic dim {d}: whether it is 1 depends on the input")
+    return cv.emit("reshape", [x], shape=tuple(v for i, v in enumerate(s) if i not in drop))
+
+
+@converts(aten.permute.default)
+def _permute(cv, a):
+    return cv.emit("permute", [cv.tensor(a["self"])], dims=tuple(a["dims"]))
+
+
+@converts(aten.transpose.int, aten.t.default)
+def _transpose(cv, a):
+    x = cv.tensor(a["self"])
+    r = x.type.rank
+    d0, d1 = (a["dim0"] % r, a["dim1"] % r) if "dim0" in a else (0, 1)
+    if r < 2:
+        return x
+    dims = list(range(r))
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return cv.emit("permute", [x], dims=tuple(dims))
+
+
+@converts(aten.expand.default)
+def _expand(cv, a):
+    return cv.emit("expand", [cv.tensor(a["self"])], sizes=cv.dims(a["size"]))
+
+
+@converts(aten.slice.Tensor)
+def _slice(cv, a):
+    start, end = a.get("start"), a.get("end")
+    return cv.emit(
+        "slice",
+        [cv.tensor(a["self"])],
+        dim=a.get("dim", 0),
+        start=0 if start is None else cv.scalar(start),
+        end=None if end is None else cv.scalar(end),
+        step=a.get("step", 1),
+    )
+
+
+@converts(aten.select.int)
+def _select(cv, a):
+    return cv.emit("select", [cv.tensor(a["self"])], dim=a["dim"], index=a["index"])
+
+
+@converts(aten.cat.default)
+def _cat(cv, a):
+    return cv.emit("cat", [cv.tensor(t) for t in a["tensors"]], dim=a.get("dim", 0))
+
+
+@converts(aten.stack.default)
+def _stack(cv, a):
+    xs = [cv.tensor(t) for t in a["tensors"]]
+    d = a.get("dim", 0) % (xs[0].type.rank + 1)
+    ups = [cv.emit("reshape", [x], shape=tuple(list(x.type.shape[:d]) + [dim(1)] + list(x.type.shape[d:]))) for x in xs]
+    return cv.emit("cat", ups, dim=d)
+
+
+def _slices(cv, x, d, sizes):
+    out, start = [], dim(0)
+    for s in sizes:
+        out.append(cv.emit("slice", [x], dim=d, start=start, end=start + s, step=1))
+        start = start + s
+    return tuple(out)
+
+
+@converts(aten.split.Tensor, aten.split_with_sizes.default)
+def _split(cv, a):
+    x = cv.tensor(a["self"])
+    d = a.get("dim", 0) % x.type.rank
+    n = x.type.shape[d]
+    if "split_sizes" in a:
+        return _slices(cv, x, d, cv.dims(a["split_sizes"]))
+    size = a["split_size"]
+    if not n.is_Integer:
+        raise Unsupported(f"split of dynamic dim {d}: the number of pieces would depend on the input")
+    n = int(n)
+    return _slices(cv, x, d, [min(size, n - i) for i in range(0, n, size)])
+
+
+@converts(aten.chunk.default)
+def _chunk(cv, a):
+    x = cv.tensor(a["self"])
+    d = a.get("dim", 0) % x.type.rank
+    n = x.type.shape[d]
+    if not n.is_Integer:
+        raise Unsupported(f"chunk of dynamic dim {d}")
+    size = -(-int(n) // a["chunks"])
+    return _slices(cv, x, d, [min(size, int(n) - i) for i in range(0, int(n), size)])
+
+
+@converts(aten.unbind.int)
+def _unbind(cv, a):
+    x = cv.tensor(a["self"])
+    d = a.get("dim", 0) % x.type.rank
+    if not x.type.shape[d].is_Integer:
+        raise Unsupported(f"unbind of dynamic dim {d}")
+    return tuple(cv.emit("select", [x], dim=d, index=i) for i in range(int(x.type.shape[d])))
+
+
+@converts(aten.gather.default)
+def _gather(cv, a):
+    return cv.emit("gather", [cv.tensor(a["self"]), cv.tensor(a["index"])], dim=a["dim"])
+
+
+@converts(aten.embedding.default)
+def _embedding(cv, a):
+    return cv.emit("embedding", [cv.tensor(a["weight"]), cv.tensor(a["indices"])])
+
+
+@converts(aten.index.Tensor)
+def _index(cv, a):
+    idx = list(a["indices"])
+    dims = tuple(i for i, t in enumerate(idx) if t is not None)
+    tensors = [cv.tensor(idx[i]) for i in dims]
+    if any(t.type.dtype == DType.bool for t in tensors):
+        raise Unsupported("boolean-mask indexing gives a data-dependent shape")
+    return cv.emit("index", [cv.tensor(a["self"]), *tensors], dims=dims)
+
+
+@converts(aten.diff.default)
+def _diff(cv, a):
+    x = cv.tensor(a["self"])
+    d = a.get("dim", -1) % x.type.rank
+    parts = [cv.opt(a.get("prepend")), x, cv.opt(a.get("append"))]
+    parts = [p for p in parts if p is not None]
+    if len(parts) > 1:
+        x = cv.emit("cat", parts, dim=d)
+    for _ in range(a.get("n", 1)):
+        hi = cv.emit("slice", [x], dim=d, start=1, end=None, step=1)
+        lo = cv.emit("slice", [x], dim=d, start=0, end=-1, step=1)
+        x = cv.emit("ne" if x.type.dtype == DType.bool else "sub", [hi, lo])
+    return x
+
+
+# -- reductions -------------------------------------------------------------------------
+
+
+@converts(aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default)
+def _sum_mean(cv, a):
+    op = "sum" if cv.target in (aten.sum.dim_IntList, aten.sum.default) else "mean"
+    dims = a.get("dim")
+    return cv.emit(op, [cv.tensor(a["self"])], dims=tuple(dims or ()), keepdim=a.get("keepdim", False), dtype=_dt(a.get("dtype")))
+
+
+@converts(aten.amax.default, aten.amin.default)
+def _amax(cv, a):
+    op = "amax" if cv.target is aten.amax.default else "amin"
+    return cv.emit(op, [cv.tensor(a["self"])], dims=tuple(a.get("dim") or ()), keepdim=a.get("keepdim", False))
+
+
+@converts(aten._softmax.default, aten.softmax.int, aten._log_softmax.default, aten.log_softmax.int)
+def _softmax(cv, a):
+    x = cv.tensor(a["self"])
+    if a.get("dtype") is not None and DType.of(a["dtype"]) != x.type.dtype:
+        x = cv.emit("cast", [x], dtype=DType.of(a["dtype"]))
+    log = cv.target in (aten._log_softmax.default, aten.log_softmax.int)
+    return cv.emit("log_softmax" if log else "softmax", [x], dim=a["dim"])
+
+
+@converts(aten.cumsum.default)
+def _cumsum(cv, a):
+    return cv.emit("cumsum", [cv.tensor(a["self"])], dim=a["dim"], dtype=_dt(a.get("dtype")))
+
+
+@converts(aten.layer_norm.default)
+def _layer_norm(cv, a):
+    return cv.emit(
+        "layer_norm",
+        [cv.tensor(a["input"]), cv.opt(a.get("weight")), cv.opt(a.get("bias"))],
+        normalized_shape=cv.dims(a["normalized_shape"]),
+        eps=float(a.get("eps", 1e-5)),
+    )
+
+
+@converts(aten.max_pool2d.default)
+def _max_pool2d(cv, a):
+    if a.get("ceil_mode", False):
+        raise Unsupported("max_pool2d with ceil_mode=True")
+    k = _pair(a["kernel_size"])
+    return cv.emit(
+        "max_pool2d", [cv.tensor(a["self"])], kernel_size=k, stride=_pair(a.get("stride") or k),
+        padding=_pair(a.get("padding", 0)), dilation=_pair(a.get("dilation", 1)),
+    )  # fmt: skip
+
+
+@converts(aten.avg_pool2d.default)
+def _avg_pool2d(cv, a):
+    if a.get("ceil_mode", False):
+        raise Unsupported("avg_pool2d with ceil_mode=True")
+    k = _pair(a["kernel_size"])
+    return cv.emit(
+        "avg_pool2d", [cv.tensor(a["self"])], kernel_size=k, stride=_pair(a.get("stride") or k),
+        padding=_pair(a.get("padding", 0)), count_include_pad=a.get("count_include_pad", True),
+        divisor_override=a.get("divisor_override"),
+    )  # fmt: skip
+
+
+@converts(aten.adaptive_avg_pool2d.default)
+def _adaptive_avg_pool2d(cv, a):
+    return cv.emit("adaptive_avg_pool2d", [cv.tensor(a["self"])], output_size=_pair(a["output_size"]))
+
+
+@converts(aten._native_batch_norm_legit_no_training.default, aten.batch_norm.default)
+def _batch_norm(cv, a):
+    if a.get("training", False):
+        raise Unsupported("batch norm in training mode; call model.eval() before compiling")
+    out = cv.emit(
+        "batch_norm",
+        [cv.tensor(a["input"]), cv.opt(a.get("weight")), cv.opt(a.get("bias")),
+         cv.tensor(a["running_mean"]), cv.tensor(a["running_var"])],
+        eps=float(a["eps"]),
+    )  # fmt: skip
+    return out if cv.target is aten.batch_norm.default else (out, None, None)
+
+
+# -- compute-intensive ---------------------------------------------------------------------
+
+
+@converts(aten.linear.default)
+def _linear(cv, a):
+    return cv.emit("linear", [cv.tensor(a["input"]), cv.tensor(a["weight"]), cv.opt(a.get("bias"))])
+
+
+@converts(aten.addmm.default)
+def _addmm(cv, a):
+    if a.get("beta", 1) != 1 or a.get("alpha", 1) != 1:
+        raise Unsupported("addmm with beta or alpha other than 1")
+    mm = cv.emit("matmul", [cv.tensor(a["mat1"]), cv.tensor(a["mat2"])])
+    return cv.emit("add", [mm, cv.tensor(a["self"])])
+
+
+@converts(aten.mm.default, aten.bmm.default, aten.matmul.default)
+def _matmul(cv, a):
+    x, y = cv.tensor(a["self"]), cv.tensor(a["mat2" if "mat2" in a else "other"])
+    if x.type.rank < 2 or y.type.rank < 2:
+        raise Unsupported("matmul with a 1-D operand")
+    return cv.emit("matmul", [x, y])
+
+
+@converts(aten.conv2d.default)
+def _conv2d(cv, a):
+    return cv.emit(
+        "conv2d", [cv.tensor(a["input"]), cv.tensor(a["weight"]), cv.opt(a.get("bias"))],
+        stride=_pair(a.get("stride", 1)), padding=_pair(a.get("padding", 0)),
+        dilation=_pair(a.get("dilation", 1)), groups=int(a.get("groups", 1)),
+    )  # fmt: skip
+
+
+@converts(aten.scaled_dot_product_attention.default)
+def _sdpa(cv, a):
+    if a.get("dropout_p", 0.0) != 0.0:
+        raise Unsupported("attention dropout; call model.eval() before compiling")
+    if a.get("enable_gqa", False):
+        raise Unsupported("grouped-query attention (enable_gqa=True)")
+    return cv.emit(
+        "sdpa",
+        [cv.tensor(a["query"]), cv.tensor(a["key"]), cv.tensor(a["value"]), cv.opt(a.get("attn_mask"))],
+        is_causal=bool(a.get("is_causal", False)),
+        scale=a.get("scale"),
+    )
+
+
+@converts(aten.lstm.input, torch.ops.symfuse.lstm.default)
+def _lstm(cv, a):
+    if cv.target is aten.lstm.input:
+        if a["train"]:
+            raise Unsupported("LSTM in training mode")
+        h0, c0 = (cv.tensor(t) for t in a["hx"])
+        params = [cv.tensor(p) for p in a["params"]]
+        hidden = int(h0.type.shape[-1])
+        attrs = dict(num_layers=a["num_layers"], bidirectional=a["bidirectional"], batch_first=a["batch_first"], has_biases=a["has_biases"])
+    else:
+        h0, c0 = cv.opt(a.get("h0")), cv.opt(a.get("c0"))
+        params = [cv.tensor(p) for p in a["params"]]
+        hidden = a["hidden_size"]
+        attrs = dict(num_layers=a["num_layers"], bidirectional=a["bidirectional"], batch_first=a["batch_first"], has_biases=a["has_biases"])
+    return cv.emit_multi("lstm", [cv.tensor(a["input" if "input" in a else "x"]), h0, c0, *params], hidden_size=hidden, **attrs)

@@ -1,0 +1,280 @@
+"""PyTorch capture: torch.export with dynamic dims, then ATen -> symfuse graph.
+
+The model is exported once with every dynamic dim marked `Dim.DYNAMIC` (or `Dim.AUTO`
+when the user left `dynamic` unset), decomposed to the functional ATen IR with high-level
+ops kept (`run_decompositions({})`), and converted node by node through `ATEN`. Shapes
+are not taken from torch: every node's type comes from the registry's shape rules, with
+the dims of the inputs as the only symbols, so all shape facts live in symfuse's store.
+Parameters and buffers are frozen into the graph as constants.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import operator
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.export import Dim
+from torch.export.graph_signature import InputKind, OutputKind
+
+from symfuse.errors import UnsupportedOpsError
+from symfuse.frontend import lstm as _lstm  # noqa: F401  (registers symfuse::lstm)
+from symfuse.frontend.aten_table import ATEN, Unsupported
+from symfuse.frontend.dynamic import DimDecl, parse_dynamic
+from symfuse.ir.dims import Dim as DimExpr
+from symfuse.ir.dims import dim, dmax, dmin, floordiv, mod
+from symfuse.ir.dtypes import DType
+from symfuse.ir.graph import Graph, Value
+from symfuse.shape.infer import GraphBuilder
+from symfuse.shape.store import ShapeStore
+
+SYM_OPS = {
+    operator.add: lambda a, b: a + b,
+    operator.sub: lambda a, b: a - b,
+    operator.mul: lambda a, b: a * b,
+    operator.floordiv: floordiv,
+    operator.mod: mod,
+    operator.neg: lambda a: -a,
+    torch.sym_max: dmax,
+    torch.sym_min: dmin,
+}
+
+
+@dataclass
+class Captured:
+    graph: Graph
+    store: ShapeStore
+    declared: list[Value]  # graph inputs with their dims as declared (before unification)
+    input_names: list[str]  # every flat input, tensors and fixed values, in call order
+    fixed: dict[str, Any]  # non-tensor inputs baked in at capture, by name
+    out_spec: Any
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+
+def source_location(node: torch.fx.Node) -> str:
+    path = ""
+    stack = node.meta.get("nn_module_stack") or {}
+    if stack:
+        path = list(stack.values())[-1][0]
+    trace = node.meta.get("stack_trace") or ""
+    frames = [ln.strip() for ln in trace.splitlines() if ln.strip().startswith("File ")]
+    where = ""
+    if frames:
+        parts = frames[-1].split('"')
+        line = frames[-1].split("line ")[-1].split(",")[0] if "line " in frames[-1] else "?"
+        where = f"{os.path.basename(parts[1]) if len(parts) > 1 else '?'}:{line}"
+    return " ".join(p for p in (path, where) if p)
+
+
+class Converter:
+    """Resolves FX arguments to symfuse values, dims and scalars while nodes convert."""
+
+    def __init__(self, builder: GraphBuilder) -> None:
+        self.b = builder
+        self.env: dict[torch.fx.Node, Any] = {}
+        self.target: Any = None
+        self.name, self.loc = "", ""
+
+    def emit(self, op: str, inputs, **attrs) -> Value:
+        return self.b.add(op, inputs, attrs, loc=self.loc, name=self.name)[0]
+
+    def emit_multi(self, op: str, inputs, **attrs) -> tuple[Value, ...]:
+        return self.b.add(op, inputs, attrs, loc=self.loc, name=self.name)
+
+    def tensor(self, arg: Any) -> Value:
+        v = self.env.get(arg) if isinstance(arg, torch.fx.Node) else None
+        if not isinstance(v, Value):
+            raise Unsupported(f"expected a tensor argument, got {arg!r}")
+        return v
+
+    def opt(self, arg: Any) -> Value | None:
+        return None if arg is None else self.tensor(arg)
+
+    def scalar(self, arg: Any) -> Any:
+        """A Python number, or a dim expression for a symbolic int."""
+        if isinstance(arg, torch.fx.Node):
+            v = self.env.get(arg)
+            if isinstance(v, DimExpr):
+                return v
+            raise Unsupported(f"expected a scalar argument, got tensor {arg.name}")
+        return arg
+
+    def operand(self, arg: Any) -> Value:
+        if isinstance(arg, torch.fx.Node) and isinstance(self.env.get(arg), Value):
+            return self.env[arg]
+        return self.b.scalar(self.scalar(arg), loc=self.loc)
+
+    def dims(self, items) -> tuple:
+        out = []
+        for x in items:
+            x = self.scalar(x)
+            out.append(x if isinstance(x, int) and x == -1 else dim(x))
+        return tuple(out)
+
+
+def _flat_inputs(model, args: tuple, kwargs: dict) -> dict[str, Any]:
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = {}
+    for i, a in enumerate(args):
+        p = params[i] if i < len(params) and params[i].kind in (params[i].POSITIONAL_ONLY, params[i].POSITIONAL_OR_KEYWORD) else None
+        names[p.name if p else f"arg{i}"] = a
+    names.update(kwargs)
+    for k, v in names.items():
+        if isinstance(v, (list, tuple, dict)):
+            raise ValueError(f"input '{k}' is a {type(v).__name__}; symfuse takes tensors and plain values as inputs")
+    return names
+
+
+def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) -> Captured:
+    t0 = time.perf_counter()
+    if isinstance(example_inputs, dict):
+        args, kwargs = (), dict(example_inputs)
+    elif isinstance(example_inputs, (tuple, list)):
+        args, kwargs = tuple(example_inputs), {}
+    elif isinstance(example_inputs, torch.Tensor):
+        args, kwargs = (example_inputs,), {}
+    else:
+        raise TypeError("example_inputs must be a tensor, a tuple of inputs or a dict of keyword inputs")
+    inputs = _flat_inputs(model, args, kwargs)
+    decls = parse_dynamic(dynamic, inputs)
+    for name, dims in decls.items():
+        for d, decl in dims.items():
+            size = inputs[name].shape[d]
+            if not decl.auto and size < 2:
+                raise ValueError(
+                    f"input '{name}' dim {d} is declared dynamic ('{decl.name}') but its example size is {size}; "
+                    "torch.export specialises sizes 0 and 1, so give an example of at least 2"
+                )
+            if not decl.lo <= size <= decl.hi:
+                raise ValueError(f"input '{name}' dim {d}: example size {size} is outside the declared range of '{decl.name}'")
+    spec_kind = Dim.AUTO if dynamic is None else Dim.DYNAMIC
+    ds_by_name = {
+        k: ({d: spec_kind for d in decls.get(k, {})} if isinstance(v, torch.Tensor) else None) for k, v in inputs.items()
+    }
+    notes = []
+    if model.training:
+        notes.append("the model was in training mode; it was captured in eval mode")
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), _lstm.lstms_as_custom_op(model), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ep = torch.export.export(model, args, kwargs, dynamic_shapes=ds_by_name, strict=False)
+            ep = ep.run_decompositions({})
+    finally:
+        model.train(was_training)
+    captured = _convert(ep, inputs, decls, model)
+    captured.seconds = time.perf_counter() - t0
+    captured.notes += notes
+    return captured
+
+
+def _convert(ep, inputs: dict[str, Any], decls: dict[str, dict[int, DimDecl]], model) -> Captured:
+    name = type(model).__name__
+    store = ShapeStore()
+    b = GraphBuilder(name, store)
+    cv = Converter(b)
+    sig = ep.graph_signature
+    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    user_names = list(inputs)
+    user_i = 0
+    fixed: dict[str, Any] = {}
+    auto_names: dict[str, str] = {}
+    tensor_consts = {**ep.state_dict, **ep.constants}
+    for node, spec in zip(placeholders, sig.input_specs):
+        if spec.kind == InputKind.USER_INPUT:
+            iname = user_names[user_i]
+            user_i += 1
+            example = inputs[iname]
+            if not isinstance(example, torch.Tensor):
+                fixed[iname] = example
+                continue
+            shape = []
+            for d, s in enumerate(node.meta["val"].shape):
+                decl = decls.get(iname, {}).get(d)
+                if isinstance(s, int):
+                    if decl is not None and not decl.auto:
+                        raise ValueError(
+                            f"input '{iname}' dim {d} is declared dynamic ('{decl.name}') but the model only works "
+                            f"with size {s} there (torch.export specialised it)"
+                        )
+                    shape.append(dim(s))
+                    continue
+                key = str(s.node.expr)
+                sym_name = decl.name if decl is not None and not decl.auto else auto_names.setdefault(key, f"{iname}_{d}")
+                lo, hi = (decl.lo, decl.hi) if decl is not None else (1, math.inf)
+                shape.append(store.declare(sym_name, lo=lo, hi=hi, bound_at=f"input '{iname}' dim {d}"))
+            cv.env[node] = b.input(iname, shape, DType.of(example.dtype))
+        else:
+            t = tensor_consts.get(spec.target)
+            if t is None:
+                raise ValueError(f"cannot find the value of {spec.kind.name.lower()} {spec.target}")
+            cv.env[node] = b.constant(node.name, t.detach())
+
+    calls = [n for n in ep.graph.nodes if n.op == "call_function"]
+    missing = []
+    for n in calls:
+        if n.target not in ATEN and n.target not in SYM_OPS and n.target not in (operator.getitem, torch.ops.aten.sym_size.int):
+            missing.append((str(n.target), "no symfuse op for it", source_location(n)))
+    if missing:
+        raise UnsupportedOpsError(missing)
+
+    for n in calls:
+        cv.target, cv.name, cv.loc = n.target, n.name, source_location(n)
+        try:
+            cv.env[n] = _convert_node(cv, n)
+        except Unsupported as e:
+            raise UnsupportedOpsError([(str(n.target), str(e), cv.loc)]) from None
+
+    outs = []
+    out_node = next(n for n in ep.graph.nodes if n.op == "output")
+    for arg, spec in zip(out_node.args[0], sig.output_specs):
+        if spec.kind != OutputKind.USER_OUTPUT:
+            raise UnsupportedOpsError([("output", f"the model mutates {spec.target} in place", "")])
+        v = cv.env.get(arg) if isinstance(arg, torch.fx.Node) else None
+        if not isinstance(v, Value):
+            raise UnsupportedOpsError([("output", f"output {arg!r} is not a tensor", "")])
+        outs.append(v)
+    declared = list(b.graph.inputs)
+    graph = b.finish(outs)
+    return Captured(graph, store, declared, user_names, fixed, ep.call_spec.out_spec, 0.0)
+
+
+def _convert_node(cv: Converter, n: torch.fx.Node) -> Any:
+    if n.target is torch.ops.aten.sym_size.int:
+        return cv.b.store.canon(cv.tensor(n.args[0]).type.shape[n.args[1]])
+    if n.target in SYM_OPS:
+        return SYM_OPS[n.target](*(dim(cv.scalar(a)) for a in n.args))
+    if n.target is operator.getitem:
+        got = cv.env[n.args[0]][n.args[1]]
+        if got is None:
+            raise Unsupported(f"output {n.args[1]} of {n.args[0].target} is not computed in inference")
+        return got
+    return ATEN[n.target](cv, _bind(n))
+
+
+def _bind(n: torch.fx.Node) -> dict[str, Any]:
+    """The node's arguments by schema name, with defaults filled in."""
+    schema = n.target._schema
+    out: dict[str, Any] = {}
+    for i, arg in enumerate(schema.arguments):
+        if i < len(n.args):
+            out[arg.name] = n.args[i]
+        elif arg.name in n.kwargs:
+            out[arg.name] = n.kwargs[arg.name]
+        elif arg.has_default_value():
+            out[arg.name] = arg.default_value
+    return out
+
+
+__all__ = ["Captured", "capture"]

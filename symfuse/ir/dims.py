@@ -1,0 +1,171 @@
+"""Symbolic dimension expressions.
+
+A dimension is a sympy expression over named positive-integer symbols: an integer,
+a symbol, or sums, products, floor-divisions, mods, mins and maxes of them. sympy keeps
+sums and products in a canonical form, so two dimensions that are the same polynomial
+compare equal. This module owns creating, printing and evaluating dimensions; nothing
+else builds sympy objects for shapes. Evaluation at run time goes through `to_python`,
+which turns an expression into plain Python source once, keeping sympy off the hot path.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Mapping, Union
+
+import sympy
+from sympy.printing.str import StrPrinter
+
+Dim = sympy.Expr
+DimLike = Union[int, sympy.Expr]
+
+
+@lru_cache(maxsize=None)
+def sym(name: str) -> sympy.Symbol:
+    """The symbol for a named dynamic dimension (always a positive integer)."""
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+def dim(value: DimLike) -> Dim:
+    """Normalise an int or expression to a dimension expression."""
+    if isinstance(value, sympy.Expr):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"a dimension must be an int or a symbolic expression, got {value!r}")
+    return sympy.Integer(value)
+
+
+def is_const(d: Dim) -> bool:
+    return bool(d.is_Integer)
+
+
+def const_value(d: Dim) -> int | None:
+    return int(d) if d.is_Integer else None
+
+
+def floordiv(a: DimLike, b: DimLike) -> Dim:
+    return sympy.floor(dim(a) / dim(b))
+
+
+def ceildiv(a: DimLike, b: DimLike) -> Dim:
+    return sympy.ceiling(dim(a) / dim(b))
+
+
+def mod(a: DimLike, b: DimLike) -> Dim:
+    return sympy.Mod(dim(a), dim(b))
+
+
+def dmin(a: DimLike, b: DimLike) -> Dim:
+    return sympy.Min(dim(a), dim(b))
+
+
+def dmax(a: DimLike, b: DimLike) -> Dim:
+    return sympy.Max(dim(a), dim(b))
+
+
+def product(dims) -> Dim:
+    out: Dim = sympy.Integer(1)
+    for d in dims:
+        out = out * dim(d)
+    return out
+
+
+def symbols_of(d: Dim) -> frozenset[sympy.Symbol]:
+    return frozenset(d.free_symbols)
+
+
+def exact_quotient(a: Dim, b: Dim) -> Dim | None:
+    """a / b when it is a polynomial with integer coefficients, else None."""
+    if b == 0:
+        return None
+    q = sympy.expand(sympy.cancel(a / b))
+    if sympy.fraction(q)[1] != 1:
+        return None
+    if all(term.as_coeff_Mul()[0].is_Integer for term in sympy.Add.make_args(q)):
+        return q
+    return None
+
+
+def substitute(d: Dim, mapping: Mapping[sympy.Symbol, Dim]) -> Dim:
+    return d.xreplace(dict(mapping)) if mapping else d
+
+
+class _DimPrinter(StrPrinter):
+    """Prints `floor(x/y)` as `x//y` and `Min` as `min`, so dims read like Python."""
+
+    def _print_floor(self, e):
+        num, den = sympy.fraction(sympy.together(e.args[0]))
+        return f"{self._wrap(num)}//{self._wrap(den)}"
+
+    def _print_ceiling(self, e):
+        num, den = sympy.fraction(sympy.together(e.args[0]))
+        return f"ceil({self._print(num)}/{self._print(den)})"
+
+    def _print_Mod(self, e):
+        return f"{self._wrap(e.args[0])}%{self._wrap(e.args[1])}"
+
+    def _print_Min(self, e):
+        return "min(" + ", ".join(self._print(a) for a in e.args) + ")"
+
+    def _print_Max(self, e):
+        return "max(" + ", ".join(self._print(a) for a in e.args) + ")"
+
+    def _wrap(self, e):
+        s = self._print(e)
+        return s if (e.is_Atom or e.is_Function) else f"({s})"
+
+
+_printer = _DimPrinter()
+
+
+def fmt(d: DimLike) -> str:
+    """Stable human-readable text of a dimension: `B*S`, `S//2 + 1`, `min(S, 512)`."""
+    return _printer.doprint(dim(d))
+
+
+def fmt_shape(shape) -> str:
+    return "[" + ", ".join(fmt(d) for d in shape) + "]"
+
+
+def to_python(d: DimLike, names: Mapping[sympy.Symbol, str] | None = None) -> str:
+    """Python source that computes `d` from variables named after its symbols."""
+    d = dim(d)
+    names = names or {}
+
+    def go(e: sympy.Expr) -> str:
+        if e.is_Integer:
+            return str(int(e))
+        if e.is_Symbol:
+            return names.get(e, e.name)
+        if e.is_Add:
+            return "(" + " + ".join(go(a) for a in e.args) + ")"
+        if e.is_Mul:
+            num, den = sympy.fraction(e)
+            if den != 1:
+                raise ValueError(f"dimension {fmt(d)} is not an integer expression")
+            return "(" + " * ".join(go(a) for a in e.args) + ")"
+        if e.is_Pow and e.exp.is_Integer and e.exp > 0:
+            return f"({go(e.base)} ** {int(e.exp)})"
+        if isinstance(e, sympy.floor):
+            num, den = sympy.fraction(sympy.together(e.args[0]))
+            return f"({go(num)} // {go(den)})"
+        if isinstance(e, sympy.ceiling):
+            num, den = sympy.fraction(sympy.together(e.args[0]))
+            return f"(-((-{go(num)}) // {go(den)}))"
+        if isinstance(e, sympy.Mod):
+            return f"({go(e.args[0])} % {go(e.args[1])})"
+        if isinstance(e, sympy.Min):
+            return "min(" + ", ".join(go(a) for a in e.args) + ")"
+        if isinstance(e, sympy.Max):
+            return "max(" + ", ".join(go(a) for a in e.args) + ")"
+        raise ValueError(f"cannot evaluate dimension expression {e}")
+
+    return go(d)
+
+
+def evaluate(d: DimLike, binding: Mapping[str, int]) -> int:
+    """Value of `d` for a binding of symbol names to ints (compile-time helper)."""
+    d = dim(d)
+    if d.is_Integer:
+        return int(d)
+    return int(eval(to_python(d), {"__builtins__": {"min": min, "max": max}}, dict(binding)))  # noqa: S307

@@ -1,0 +1,105 @@
+"""The graph IR: SSA values with tensor types, produced by op nodes.
+
+A `Graph` holds named inputs (the model's tensor arguments), constants (frozen
+parameters and buffers), nodes in topological order and outputs. Nodes are identified
+by object identity; a node's attributes are plain Python data (ints, floats, bools,
+strings, dtypes, dimension expressions and tuples of them). The printer's text is stable
+and meant to be diffed in tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from symfuse.ir.dims import fmt
+from symfuse.ir.dtypes import DType
+from symfuse.ir.types import TensorType
+
+
+@dataclass(frozen=True, eq=False)
+class Value:
+    name: str
+    type: TensorType
+
+    def __repr__(self) -> str:
+        return f"%{self.name}: {self.type}"
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    op: str
+    inputs: tuple[Value | None, ...]
+    attrs: Mapping[str, Any]
+    outputs: tuple[Value, ...]
+    loc: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attrs", MappingProxyType(dict(self.attrs)))
+
+    @property
+    def out(self) -> Value:
+        (v,) = self.outputs
+        return v
+
+
+@dataclass
+class Graph:
+    name: str
+    inputs: list[Value] = field(default_factory=list)
+    constants: dict[Value, torch.Tensor] = field(default_factory=dict)
+    nodes: list[Node] = field(default_factory=list)
+    outputs: list[Value] = field(default_factory=list)
+
+    def producers(self) -> dict[Value, Node]:
+        return {v: n for n in self.nodes for v in n.outputs}
+
+    def users(self) -> dict[Value, list[Node]]:
+        out: dict[Value, list[Node]] = {}
+        for n in self.nodes:
+            for v in n.inputs:
+                if v is not None:
+                    out.setdefault(v, []).append(n)
+        return out
+
+    def values(self) -> Iterable[Value]:
+        yield from self.inputs
+        yield from self.constants
+        for n in self.nodes:
+            yield from n.outputs
+
+    def __str__(self) -> str:
+        return print_graph(self)
+
+
+def fmt_attr(v: Any) -> str:
+    if isinstance(v, (tuple, list)):
+        return "[" + ", ".join(fmt_attr(x) for x in v) + "]"
+    if isinstance(v, DType):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)
+    if hasattr(v, "free_symbols"):
+        return fmt(v)
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def print_node(n: Node) -> str:
+    outs = ", ".join(f"%{v.name}: {v.type}" for v in n.outputs)
+    args = [("%" + v.name) if v is not None else "none" for v in n.inputs]
+    args += [f"{k}={fmt_attr(v)}" for k, v in n.attrs.items()]
+    line = f"  {outs} = {n.op}({', '.join(args)})"
+    return f"{line}  # {n.loc}" if n.loc else line
+
+
+def print_graph(g: Graph, *, with_constants: bool = True) -> str:
+    lines = [f"graph {g.name}(" + ", ".join(f"%{v.name}: {v.type}" for v in g.inputs) + ") {"]
+    if with_constants:
+        lines += [f"  const %{v.name}: {v.type}" for v in g.constants]
+    lines += [print_node(n) for n in g.nodes]
+    lines.append("  return " + ", ".join("%" + v.name for v in g.outputs))
+    lines.append("}")
+    return "\n".join(lines)

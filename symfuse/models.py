@@ -1,0 +1,176 @@
+"""Built-in models for the demo, the tests and the benchmarks.
+
+Every model is built from a config with seeded random weights (no model hub is needed),
+with example inputs whose dynamic dims are at least 2 and the `dynamic` spec naming them.
+`inputs(binding)` makes random inputs for any binding of the model's symbols.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+
+@dataclass
+class ModelCase:
+    name: str
+    model: torch.nn.Module
+    dynamic: dict
+    make_inputs: Callable[..., dict[str, Any]]
+    example: dict[str, int]  # a binding of the symbols used for capture
+    sweep: list[dict[str, int]]  # bindings the tests and the demo run
+    limits: dict[str, int]  # largest value of each symbol the model accepts
+
+    def inputs(self, **binding: int) -> dict[str, Any]:
+        g = torch.Generator().manual_seed(sum(binding.values()) * 7919 + 17)
+        return self.make_inputs(g, **binding)
+
+
+def _text_inputs(vocab: int, mask: bool):
+    def make(g, B: int, S: int) -> dict[str, Any]:
+        out = {"input_ids": torch.randint(0, vocab, (B, S), generator=g)}
+        if mask:
+            m = torch.ones(B, S, dtype=torch.long)
+            if S > 1:  # pad the tail of every other row
+                m[1::2, S - S // 3 :] = 0
+            out["attention_mask"] = m
+        return out
+
+    return make
+
+
+_TEXT_SWEEP = [dict(B=1, S=1), dict(B=1, S=16), dict(B=2, S=7), dict(B=3, S=33), dict(B=1, S=128), dict(B=4, S=64), dict(B=8, S=31), dict(B=1, S=512)]
+
+
+def _text_dynamic(mask: bool) -> dict:
+    d = {"input_ids": {0: "B", 1: "S"}}
+    if mask:
+        d["attention_mask"] = {0: "B", 1: "S"}
+    return d
+
+
+def bert(layers: int = 12, hidden: int = 768, heads: int = 12, ffn: int = 3072, name: str = "bert-base") -> ModelCase:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, intermediate_size=ffn)
+    m = BertModel(cfg).eval()
+    return ModelCase(name, m, _text_dynamic(True), _text_inputs(cfg.vocab_size, True), dict(B=2, S=8), _TEXT_SWEEP, {"S": 512})
+
+
+def gpt2(layers: int = 12, hidden: int = 768, heads: int = 12, name: str = "gpt2") -> ModelCase:
+    from transformers import GPT2Config, GPT2Model
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads)
+    m = GPT2Model(cfg).eval()
+    make_text = _text_inputs(cfg.vocab_size, False)
+
+    def make(g, B, S):
+        return {**make_text(g, B, S), "use_cache": False}
+
+    return ModelCase(name, m, _text_dynamic(False), make, dict(B=2, S=8), _TEXT_SWEEP, {"S": cfg.n_positions})
+
+
+def t5_encoder(layers: int = 4, hidden: int = 256, heads: int = 4, ffn: int = 1024, name: str = "t5-encoder-small") -> ModelCase:
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(0)
+    cfg = T5Config(num_layers=layers, d_model=hidden, num_heads=heads, d_kv=hidden // heads, d_ff=ffn)
+    m = T5EncoderModel(cfg).eval()
+    return ModelCase(name, m, _text_dynamic(True), _text_inputs(cfg.vocab_size, True), dict(B=2, S=8), _TEXT_SWEEP, {})
+
+
+def vit(layers: int = 12, hidden: int = 768, heads: int = 12, ffn: int = 3072, image: int = 224, name: str = "vit-base") -> ModelCase:
+    from transformers import ViTConfig, ViTModel
+
+    torch.manual_seed(0)
+    cfg = ViTConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, intermediate_size=ffn, image_size=image)
+    m = ViTModel(cfg, add_pooling_layer=True).eval()
+
+    def make(g, B):
+        return {"pixel_values": torch.randn(B, 3, image, image, generator=g)}
+
+    sweep = [dict(B=b) for b in (1, 2, 3, 5, 8)]
+    return ModelCase(name, m, {"pixel_values": {0: "B"}}, make, dict(B=2), sweep, {})
+
+
+class ConvNet(torch.nn.Module):
+    """A small ResNet-style network: conv, batch norm, relu, residual add, pools, linear."""
+
+    def __init__(self, width: int = 32, classes: int = 10) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        self.pool = nn.MaxPool2d(2)
+        self.block = nn.Sequential(
+            nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
+        )  # fmt: skip
+        self.down = nn.Sequential(nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU())
+        self.avg = nn.AvgPool2d(2)
+        self.head = nn.Linear(2 * width, classes)
+
+    def forward(self, x):
+        x = self.pool(self.stem(x))
+        x = torch.relu(x + self.block(x))
+        x = self.avg(self.down(x))
+        x = torch.nn.functional.adaptive_avg_pool2d(x, 1)
+        return self.head(torch.flatten(x, 1))
+
+
+def resnet(name: str = "resnet") -> ModelCase:
+    torch.manual_seed(0)
+    m = ConvNet().eval()
+    for mod in m.modules():  # non-trivial batch-norm statistics
+        if isinstance(mod, torch.nn.BatchNorm2d):
+            mod.running_mean.uniform_(-0.5, 0.5)
+            mod.running_var.uniform_(0.5, 2.0)
+
+    def make(g, B, H):
+        return {"x": torch.randn(B, 3, H, H, generator=g)}
+
+    sweep = [dict(B=1, H=8), dict(B=2, H=13), dict(B=1, H=16), dict(B=3, H=31), dict(B=2, H=64), dict(B=1, H=97)]
+    return ModelCase(name, m, {"x": {0: "B", 2: "H", 3: "H"}}, make, dict(B=2, H=32), sweep, {})
+
+
+class LSTMNet(torch.nn.Module):
+    def __init__(self, features: int = 32, hidden: int = 64, layers: int = 2) -> None:
+        super().__init__()
+        self.lstm = torch.nn.LSTM(features, hidden, num_layers=layers, batch_first=True)
+        self.head = torch.nn.Linear(hidden, 8)
+
+    def forward(self, x):
+        out, (h, c) = self.lstm(x)
+        return self.head(out), h
+
+
+def lstm(name: str = "lstm") -> ModelCase:
+    torch.manual_seed(0)
+    m = LSTMNet().eval()
+
+    def make(g, B, T):
+        return {"x": torch.randn(B, T, 32, generator=g)}
+
+    sweep = [dict(B=1, T=1), dict(B=2, T=7), dict(B=1, T=16), dict(B=3, T=31), dict(B=4, T=64)]
+    return ModelCase(name, m, {"x": {0: "B", 1: "T"}}, make, dict(B=2, T=5), sweep, {})
+
+
+BUILTIN: dict[str, Callable[[], ModelCase]] = {
+    "bert-base": bert,
+    "bert-small": lambda: bert(layers=4, hidden=256, heads=4, ffn=1024, name="bert-small"),
+    "gpt2": gpt2,
+    "vit-base": vit,
+    "t5-encoder-small": t5_encoder,
+    "resnet": resnet,
+    "lstm": lstm,
+}
+
+
+def load(name: str) -> ModelCase:
+    try:
+        return BUILTIN[name]()
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; built-in models: {', '.join(BUILTIN)}") from None

@@ -1,0 +1,227 @@
+"""Element-wise ops, scalars and tensor creation.
+
+Binary ops broadcast numpy-style; two dynamic dims that meet in a broadcast are made
+equal (see `ShapeContext.broadcast`). Python scalars in a model become 0-d `full` nodes,
+which promote exactly as torch promotes a Python scalar.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from symfuse.ir.dims import ceildiv, dim
+from symfuse.ir.dtypes import DType
+from symfuse.ops.registry import (
+    Kind,
+    broadcast_shape,
+    defop,
+    fixed_dtype,
+    float_promoted,
+    promoted,
+    same_dtype,
+    same_shape,
+)
+
+# -- unary ---------------------------------------------------------------------------
+
+_FLOAT_UNARY = {
+    "exp": torch.exp,
+    "log": torch.log,
+    "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "erf": torch.erf,
+    "sin": torch.sin,
+    "cos": torch.cos,
+    "reciprocal": torch.reciprocal,
+    "silu": F.silu,
+}
+_SAME_UNARY = {
+    "abs": torch.abs,
+    "neg": torch.neg,
+    "relu": torch.relu,
+    "bitwise_not": torch.bitwise_not,
+}
+
+for _name, _fn in _FLOAT_UNARY.items():
+    defop(_name, Kind.ELEMENTWISE, ("x",), shape=same_shape(), dtype=float_promoted, ref=_fn)
+for _name, _fn in _SAME_UNARY.items():
+    defop(_name, Kind.ELEMENTWISE, ("x",), shape=same_shape(), dtype=same_dtype(), ref=_fn)
+
+defop("logical_not", Kind.ELEMENTWISE, ("x",), shape=same_shape(), dtype=fixed_dtype(DType.bool), ref=torch.logical_not)
+defop(
+    "gelu",
+    Kind.ELEMENTWISE,
+    ("x",),
+    ("approximate",),
+    shape=same_shape(),
+    dtype=same_dtype(),
+    ref=lambda x, approximate: F.gelu(x, approximate=approximate),
+    doc="approximate is 'none' (erf) or 'tanh'",
+)
+defop(
+    "pow_scalar",
+    Kind.ELEMENTWISE,
+    ("x",),
+    ("exponent",),
+    shape=same_shape(),
+    dtype=lambda x, exponent: x.dtype if (x.dtype.is_float or isinstance(exponent, int)) else DType.float32,
+    ref=lambda x, exponent: torch.pow(x, exponent),
+)
+defop(
+    "clamp",
+    Kind.ELEMENTWISE,
+    ("x",),
+    ("min", "max"),
+    shape=same_shape(),
+    dtype=same_dtype(),
+    ref=lambda x, min, max: torch.clamp(x, min, max),
+)
+defop(
+    "cast",
+    Kind.ELEMENTWISE,
+    ("x",),
+    ("dtype",),
+    shape=same_shape(),
+    dtype=lambda x, dtype: dtype,
+    ref=lambda x, dtype: x.to(dtype.torch),
+    bounds=lambda ctx, b, dtype: b if not dtype.is_float else None,
+)
+
+# -- binary and ternary --------------------------------------------------------------
+
+_ARITH = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "pow": torch.pow,
+    "bitwise_and": torch.bitwise_and,
+    "bitwise_or": torch.bitwise_or,
+}
+_COMPARE = {
+    "eq": torch.eq,
+    "ne": torch.ne,
+    "lt": torch.lt,
+    "le": torch.le,
+    "gt": torch.gt,
+    "ge": torch.ge,
+    "logical_and": torch.logical_and,
+    "logical_or": torch.logical_or,
+}
+_BROADCAST = "operands are equal after broadcast"
+
+
+def _add_bounds(ctx, a, b):
+    return (a[0] + b[0], a[1] + b[1]) if a and b else None
+
+
+def _sub_bounds(ctx, a, b):
+    return (a[0] - b[1], a[1] - b[0]) if a and b else None
+
+
+_BOUNDS = {"add": _add_bounds, "sub": _sub_bounds}
+
+for _name, _fn in _ARITH.items():
+    defop(
+        _name,
+        Kind.ELEMENTWISE,
+        ("a", "b"),
+        shape=broadcast_shape,
+        dtype=promoted,
+        ref=_fn,
+        bounds=_BOUNDS.get(_name),
+        constraints=_BROADCAST,
+    )
+for _name, _fn in _COMPARE.items():
+    defop(
+        _name,
+        Kind.ELEMENTWISE,
+        ("a", "b"),
+        shape=broadcast_shape,
+        dtype=fixed_dtype(DType.bool),
+        ref=_fn,
+        constraints=_BROADCAST,
+    )
+
+defop(
+    "div",
+    Kind.ELEMENTWISE,
+    ("a", "b"),
+    ("rounding_mode",),
+    shape=broadcast_shape,
+    dtype=lambda a, b, rounding_mode: float_promoted(a, b) if rounding_mode is None else promoted(a, b),
+    ref=lambda a, b, rounding_mode: torch.div(a, b, rounding_mode=rounding_mode),
+    constraints=_BROADCAST,
+)
+defop(
+    "where",
+    Kind.ELEMENTWISE,
+    ("cond", "a", "b"),
+    shape=broadcast_shape,
+    dtype=lambda cond, a, b: promoted(a, b),
+    ref=torch.where,
+    constraints=_BROADCAST,
+)
+def _batch_norm_shape(ctx, x, *stats):
+    if x.rank < 2:
+        raise ctx.error(f"batch norm needs rank >= 2, got {x}")
+    for t in stats:
+        if t is not None:
+            ctx.eq(x.shape[1], t.shape[0], "channels match batch-norm statistics")
+    return x.shape
+
+
+defop(
+    "batch_norm",
+    Kind.ELEMENTWISE,
+    ("x", "weight?", "bias?", "mean", "var"),
+    ("eps",),
+    shape=lambda ctx, x, w, b, mean, var, eps: _batch_norm_shape(ctx, x, w, b, mean, var),
+    dtype=same_dtype(),
+    ref=lambda x, w, b, mean, var, eps: F.batch_norm(x, mean, var, w, b, False, 0.0, eps),
+    constraints="x.shape[1] equals the length of every statistic",
+    doc="inference-mode batch norm: a per-channel affine map",
+)
+
+# -- creation ------------------------------------------------------------------------
+
+
+def _full_bounds(ctx, shape, value, dtype):
+    return (dim(int(value)), dim(int(value))) if not dtype.is_float and not isinstance(value, float) else None
+
+
+defop(
+    "full",
+    Kind.ELEMENTWISE,
+    (),
+    ("shape", "value", "dtype"),
+    shape=lambda ctx, shape, value, dtype: tuple(shape),
+    dtype=lambda shape, value, dtype: dtype,
+    ref=lambda shape, value, dtype: torch.full(tuple(shape), value, dtype=dtype.torch),
+    bounds=_full_bounds,
+    doc="a tensor filled with one value; 0-d `full` nodes are a model's scalars",
+)
+
+
+def _arange_shape(ctx, start, end, step, dtype):
+    if step == 0:
+        raise ctx.error("arange step is 0")
+    n = ctx.canon(ceildiv(dim(end) - dim(start), step) if step != 1 else dim(end) - dim(start))
+    ctx.le(0, n, "arange length is not negative")
+    return (n,)
+
+
+defop(
+    "arange",
+    Kind.ELEMENTWISE,
+    (),
+    ("start", "end", "step", "dtype"),
+    shape=_arange_shape,
+    dtype=lambda start, end, step, dtype: dtype,
+    ref=lambda start, end, step, dtype: torch.arange(start, end, step, dtype=dtype.torch),
+    bounds=lambda ctx, start, end, step, dtype: (dim(start), dim(end) - 1) if step == 1 else None,
+)

@@ -1,0 +1,5 @@
+"""Shape analysis: the global constraint store and shape inference over a graph."""
+
+from symfuse.shape.store import Fact, Origin, ShapeError, ShapeStore, Tri
+
+__all__ = ["Fact", "Origin", "ShapeError", "ShapeStore", "Tri"]
