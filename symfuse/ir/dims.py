@@ -104,6 +104,19 @@ class _DimPrinter(StrPrinter):
     def _print_Mod(self, e):
         return f"{self._wrap(e.args[0])}%{self._wrap(e.args[1])}"
 
+    def _print_Mul(self, e):
+        coeff, rest = e.as_coeff_Mul()
+        if not coeff.is_Integer:
+            return super()._print_Mul(e)
+        parts = [
+            f"({self._print(f)})" if (f.is_Add or isinstance(f, (sympy.floor, sympy.Mod))) else self._print(f)
+            for f in rest.as_ordered_factors()
+        ]
+        body = "*".join(parts)
+        if coeff == 1:
+            return body
+        return f"-{body}" if coeff == -1 else f"{coeff}*{body}"
+
     def _print_Min(self, e):
         return "min(" + ", ".join(self._print(a) for a in e.args) + ")"
 

@@ -1,0 +1,13 @@
+"""Graph rewrites. Each pass maps a graph to a new graph with the same semantics.
+
+Passes rebuild the graph through `GraphBuilder`, so every rewritten node gets its type
+from the registry's rules against the same shape store; tests run the reference executor
+on the graph before and after a pass at several bindings.
+"""
+
+from symfuse.passes.attention import decompose_attention
+from symfuse.passes.rewrite import Rewriter
+
+PIPELINE = (decompose_attention,)
+
+__all__ = ["PIPELINE", "Rewriter", "decompose_attention"]

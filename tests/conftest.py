@@ -1,0 +1,25 @@
+import pytest
+import torch
+
+torch.set_num_threads(2)
+
+
+def rel_err(a, b) -> float:
+    """Largest difference relative to the reference's largest magnitude, over nested outputs."""
+    if isinstance(a, torch.Tensor):
+        assert a.shape == b.shape, f"shape {tuple(a.shape)} != {tuple(b.shape)}"
+        assert a.dtype == b.dtype, f"dtype {a.dtype} != {b.dtype}"
+        if a.numel() == 0:
+            return 0.0
+        if not a.dtype.is_floating_point:
+            return 0.0 if torch.equal(a, b) else float("inf")
+        return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+    if hasattr(a, "to_tuple"):
+        a, b = a.to_tuple(), b.to_tuple()
+    assert len(a) == len(b)
+    return max(rel_err(x, y) for x, y in zip(a, b))
+
+
+@pytest.fixture
+def seeded():
+    torch.manual_seed(0)
