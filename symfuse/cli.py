@@ -34,9 +34,14 @@ def cmd_demo(args) -> int:
     print(f"symfuse demo: {case.name}, dynamic dims {case.dynamic}")
     t0 = time.perf_counter()
     compiled = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic)
-    print(f"compiled once in {time.perf_counter() - t0:.2f}s: {len(compiled.graph.nodes)} ops, symbols {compiled.symbols}")
+    print(
+        f"compiled once in {time.perf_counter() - t0:.2f}s: {len(compiled.graph.nodes)} ops, symbols {compiled.symbols}"
+    )
     print(f"backend: {compiled.backend}")
-    print(f"{len(compiled.store.checks())} shape facts are checked on every call; `symfuse explain --model {case.name}` lists them\n")
+    print(
+        f"{len(compiled.store.checks())} shape facts are checked on every call; "
+        f"`symfuse explain --model {case.name}` lists them\n"
+    )
     print(f"{'binding':<22}{'symfuse ms':>12}{'eager ms':>10}{'max rel err':>13}")
     compiles = symfuse.compile_count()
     for binding in case.sweep:

@@ -7,8 +7,9 @@ with example inputs whose dynamic dims are at least 2 and the `dynamic` spec nam
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -41,7 +42,16 @@ def _text_inputs(vocab: int, mask: bool):
     return make
 
 
-_TEXT_SWEEP = [dict(B=1, S=1), dict(B=1, S=16), dict(B=2, S=7), dict(B=3, S=33), dict(B=1, S=128), dict(B=4, S=64), dict(B=8, S=31), dict(B=1, S=512)]
+_TEXT_SWEEP = [
+    dict(B=1, S=1),
+    dict(B=1, S=16),
+    dict(B=2, S=7),
+    dict(B=3, S=33),
+    dict(B=1, S=128),
+    dict(B=4, S=64),
+    dict(B=8, S=31),
+    dict(B=1, S=512),
+]
 
 
 def _text_dynamic(mask: bool) -> dict:
@@ -57,7 +67,9 @@ def bert(layers: int = 12, hidden: int = 768, heads: int = 12, ffn: int = 3072, 
     torch.manual_seed(0)
     cfg = BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, intermediate_size=ffn)
     m = BertModel(cfg).eval()
-    return ModelCase(name, m, _text_dynamic(True), _text_inputs(cfg.vocab_size, True), dict(B=2, S=8), _TEXT_SWEEP, {"S": 512})
+    return ModelCase(
+        name, m, _text_dynamic(True), _text_inputs(cfg.vocab_size, True), dict(B=2, S=8), _TEXT_SWEEP, {"S": 512}
+    )
 
 
 def gpt2(layers: int = 12, hidden: int = 768, heads: int = 12, name: str = "gpt2") -> ModelCase:
@@ -74,7 +86,9 @@ def gpt2(layers: int = 12, hidden: int = 768, heads: int = 12, name: str = "gpt2
     return ModelCase(name, m, _text_dynamic(False), make, dict(B=2, S=8), _TEXT_SWEEP, {"S": cfg.n_positions})
 
 
-def t5_encoder(layers: int = 4, hidden: int = 256, heads: int = 4, ffn: int = 1024, name: str = "t5-encoder-small") -> ModelCase:
+def t5_encoder(
+    layers: int = 4, hidden: int = 256, heads: int = 4, ffn: int = 1024, name: str = "t5-encoder-small"
+) -> ModelCase:
     from transformers import T5Config, T5EncoderModel
 
     torch.manual_seed(0)
@@ -83,17 +97,21 @@ def t5_encoder(layers: int = 4, hidden: int = 256, heads: int = 4, ffn: int = 10
     return ModelCase(name, m, _text_dynamic(True), _text_inputs(cfg.vocab_size, True), dict(B=2, S=8), _TEXT_SWEEP, {})
 
 
-def vit(layers: int = 12, hidden: int = 768, heads: int = 12, ffn: int = 3072, image: int = 224, name: str = "vit-base") -> ModelCase:
+def vit(
+    layers: int = 12, hidden: int = 768, heads: int = 12, ffn: int = 3072, image: int = 224, name: str = "vit-base"
+) -> ModelCase:
     from transformers import ViTConfig, ViTModel
 
     torch.manual_seed(0)
-    cfg = ViTConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, intermediate_size=ffn, image_size=image)
+    cfg = ViTConfig(
+        num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, intermediate_size=ffn, image_size=image
+    )
     m = ViTModel(cfg, add_pooling_layer=True).eval()
 
     def make(g, B):
         return {"pixel_values": torch.randn(B, 3, image, image, generator=g)}
 
-    sweep = [dict(B=b) for b in (1, 2, 3, 5, 8)]
+    sweep = [dict(B=b) for b in (1, 2, 3, 5, 16)]
     return ModelCase(name, m, {"pixel_values": {0: "B"}}, make, dict(B=2), sweep, {})
 
 
@@ -109,7 +127,9 @@ class ConvNet(torch.nn.Module):
             nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
             nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
         )  # fmt: skip
-        self.down = nn.Sequential(nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU())
+        self.down = nn.Sequential(
+            nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU()
+        )
         self.avg = nn.AvgPool2d(2)
         self.head = nn.Linear(2 * width, classes)
 

@@ -8,7 +8,8 @@ shape rule and raises `AssertionError` naming the node.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import sympy
 import torch

@@ -13,6 +13,7 @@ def rel_err(a, b) -> float:
             return 0.0
         if not a.dtype.is_floating_point:
             return 0.0 if torch.equal(a, b) else float("inf")
+        a, b = a.detach(), b.detach()
         return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
     if hasattr(a, "to_tuple"):
         a, b = a.to_tuple(), b.to_tuple()

@@ -29,7 +29,25 @@ X = T("B,S,8")
 LSTM_PARAMS = [T("24,4"), T("24,6"), T("24"), T("24")]
 
 CASES = {
-    **{op: ([X], {}) for op in ["exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "sin", "cos", "reciprocal", "silu", "abs", "neg", "relu"]},
+    **{
+        op: ([X], {})
+        for op in [
+            "exp",
+            "log",
+            "sqrt",
+            "rsqrt",
+            "tanh",
+            "sigmoid",
+            "erf",
+            "sin",
+            "cos",
+            "reciprocal",
+            "silu",
+            "abs",
+            "neg",
+            "relu",
+        ]
+    },
     "bitwise_not": ([T("B,S", I64, 9)], {}),
     "logical_not": ([T("B,S", BOOL)], {}),
     "gelu": ([X], {"approximate": "tanh"}),
@@ -61,17 +79,32 @@ CASES = {
     "log_softmax": ([X], {"dim": 1}),
     "cumsum": ([T("B,S", BOOL)], {"dim": 1, "dtype": None}),
     "layer_norm": ([X, T("8"), T("8")], {"normalized_shape": (8,), "eps": 1e-5}),
-    "max_pool2d": ([T("B,3,S+4,2*S+3")], {"kernel_size": (2, 3), "stride": (2, 1), "padding": (1, 0), "dilation": (1, 2)}),
+    "max_pool2d": (
+        [T("B,3,S+4,2*S+3")],
+        {"kernel_size": (2, 3), "stride": (2, 1), "padding": (1, 0), "dilation": (1, 2)},
+    ),
     "avg_pool2d": (
         [T("B,3,S+1,S+2")],
-        {"kernel_size": (2, 2), "stride": (2, 2), "padding": (0, 1), "count_include_pad": False, "divisor_override": None},
+        {
+            "kernel_size": (2, 2),
+            "stride": (2, 2),
+            "padding": (0, 1),
+            "count_include_pad": False,
+            "divisor_override": None,
+        },
     ),
     "adaptive_avg_pool2d": ([T("B,3,S+1,S+2")], {"output_size": (2, 3)}),
     "linear": ([X, T("5,8"), T("5")], {}),
     "matmul": ([X, T("8,5")], {}),
-    "conv2d": ([T("B,3,S+2,S+2"), T("4,3,3,3"), T("4")], {"stride": (2, 1), "padding": (1, 0), "dilation": (1, 1), "groups": 1}),
+    "conv2d": (
+        [T("B,3,S+2,S+2"), T("4,3,3,3"), T("4")],
+        {"stride": (2, 1), "padding": (1, 0), "dilation": (1, 1), "groups": 1},
+    ),
     "sdpa": ([T("B,2,S,4"), T("B,2,S,4"), T("B,2,S,6"), None], {"is_causal": True, "scale": None}),
-    "lstm": ([T("B,S,4"), None, None, *LSTM_PARAMS], dict(num_layers=1, bidirectional=False, batch_first=True, has_biases=True, hidden_size=6)),
+    "lstm": (
+        [T("B,S,4"), None, None, *LSTM_PARAMS],
+        dict(num_layers=1, bidirectional=False, batch_first=True, has_biases=True, hidden_size=6),
+    ),
 }
 
 
@@ -99,9 +132,7 @@ def test_op_rules_match_reference(op):
     run = ReferenceExecutor(g)
     gen = torch.Generator().manual_seed(1)
     for binding in BINDINGS:
-        tensors = [
-            _tensor([evaluate(d, binding) for d in s[0]], s[1], s[2], gen) for s in specs if s is not None
-        ]
+        tensors = [_tensor([evaluate(d, binding) for d in s[0]], s[1], s[2], gen) for s in specs if s is not None]
         results = run.run(binding, tensors)  # asserts shape and dtype of every result
         assert len(results) == len(outs)
 

@@ -8,7 +8,8 @@ subtract, addmm into matmul and add) happen here so the registry stays small.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -201,7 +202,9 @@ def _arange(cv, a):
     start, end, step = cv.scalar(a.get("start", 0)), cv.scalar(a["end"]), a.get("step", 1)
     if any(isinstance(v, float) for v in (start, end, step)):
         raise Unsupported("arange with float bounds")
-    return cv.emit("arange", [], start=dim(start), end=dim(end), step=int(step), dtype=_dt(a.get("dtype")) or DType.int64)
+    return cv.emit(
+        "arange", [], start=dim(start), end=dim(end), step=int(step), dtype=_dt(a.get("dtype")) or DType.int64
+    )
 
 
 # -- layout ---------------------------------------------------------------------------
@@ -380,7 +383,9 @@ def _diff(cv, a):
 def _sum_mean(cv, a):
     op = "sum" if cv.target in (aten.sum.dim_IntList, aten.sum.default) else "mean"
     dims = a.get("dim")
-    return cv.emit(op, [cv.tensor(a["self"])], dims=tuple(dims or ()), keepdim=a.get("keepdim", False), dtype=_dt(a.get("dtype")))
+    return cv.emit(
+        op, [cv.tensor(a["self"])], dims=tuple(dims or ()), keepdim=a.get("keepdim", False), dtype=_dt(a.get("dtype"))
+    )
 
 
 @converts(aten.amax.default, aten.amin.default)
@@ -509,10 +514,22 @@ def _lstm(cv, a):
         h0, c0 = (cv.tensor(t) for t in a["hx"])
         params = [cv.tensor(p) for p in a["params"]]
         hidden = int(h0.type.shape[-1])
-        attrs = dict(num_layers=a["num_layers"], bidirectional=a["bidirectional"], batch_first=a["batch_first"], has_biases=a["has_biases"])
+        attrs = dict(
+            num_layers=a["num_layers"],
+            bidirectional=a["bidirectional"],
+            batch_first=a["batch_first"],
+            has_biases=a["has_biases"],
+        )
     else:
         h0, c0 = cv.opt(a.get("h0")), cv.opt(a.get("c0"))
         params = [cv.tensor(p) for p in a["params"]]
         hidden = a["hidden_size"]
-        attrs = dict(num_layers=a["num_layers"], bidirectional=a["bidirectional"], batch_first=a["batch_first"], has_biases=a["has_biases"])
-    return cv.emit_multi("lstm", [cv.tensor(a["input" if "input" in a else "x"]), h0, c0, *params], hidden_size=hidden, **attrs)
+        attrs = dict(
+            num_layers=a["num_layers"],
+            bidirectional=a["bidirectional"],
+            batch_first=a["batch_first"],
+            has_biases=a["has_biases"],
+        )
+    return cv.emit_multi(
+        "lstm", [cv.tensor(a["input" if "input" in a else "x"]), h0, c0, *params], hidden_size=hidden, **attrs
+    )

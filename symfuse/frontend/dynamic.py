@@ -11,8 +11,9 @@ such automatic dims are named `<input>_<dim>`.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -37,7 +38,9 @@ def _decl(spec: Any, input_name: str, d: int) -> DimDecl | None:
         hi = getattr(spec, "max", math.inf)
         hi = math.inf if hi is None or hi >= 2**62 else hi
         return DimDecl(spec.__name__, max(1, lo), hi)
-    raise TypeError(f"dynamic dim spec for input '{input_name}' dim {d} must be a name, a torch Dim or None, got {spec!r}")
+    raise TypeError(
+        f"dynamic dim spec for input '{input_name}' dim {d} must be a name, a torch Dim or None, got {spec!r}"
+    )
 
 
 def parse_dynamic(dynamic: Any, inputs: Mapping[str, Any]) -> dict[str, dict[int, DimDecl]]:

@@ -9,7 +9,7 @@ shapes; the graph then holds one `lstm` node with symbolic batch and time.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import torch
 
@@ -19,8 +19,8 @@ _SCHEMA_DOC = "symfuse::lstm: a whole multi-layer LSTM as one op"
 @torch.library.custom_op("symfuse::lstm", mutates_args=())
 def lstm_op(
     x: torch.Tensor,
-    h0: Optional[torch.Tensor],
-    c0: Optional[torch.Tensor],
+    h0: torch.Tensor | None,
+    c0: torch.Tensor | None,
     params: list[torch.Tensor],
     num_layers: int,
     bidirectional: bool,

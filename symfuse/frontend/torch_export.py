@@ -1,7 +1,7 @@
 """PyTorch capture: torch.export with dynamic dims, then ATen -> symfuse graph.
 
-The model is exported once with every dynamic dim marked `Dim.DYNAMIC` (or `Dim.AUTO`
-when the user left `dynamic` unset), decomposed to the functional ATen IR with high-level
+The model is exported once with every dynamic dim marked `Dim.AUTO`, decomposed to the
+functional ATen IR with high-level
 ops kept (`run_decompositions({})`), and converted node by node through `ATEN`. Shapes
 are not taken from torch: every node's type comes from the registry's shape rules, with
 the dims of the inputs as the only symbols, so all shape facts live in symfuse's store.
@@ -126,7 +126,11 @@ def _flat_inputs(model, args: tuple, kwargs: dict) -> dict[str, Any]:
         params = []
     names = {}
     for i, a in enumerate(args):
-        p = params[i] if i < len(params) and params[i].kind in (params[i].POSITIONAL_ONLY, params[i].POSITIONAL_OR_KEYWORD) else None
+        p = (
+            params[i]
+            if i < len(params) and params[i].kind in (params[i].POSITIONAL_ONLY, params[i].POSITIONAL_OR_KEYWORD)
+            else None
+        )
         names[p.name if p else f"arg{i}"] = a
     names.update(kwargs)
     for k, v in names.items():
@@ -156,10 +160,13 @@ def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
                     "torch.export specialises sizes 0 and 1, so give an example of at least 2"
                 )
             if not decl.lo <= size <= decl.hi:
-                raise ValueError(f"input '{name}' dim {d}: example size {size} is outside the declared range of '{decl.name}'")
-    spec_kind = Dim.AUTO if dynamic is None else Dim.DYNAMIC
+                raise ValueError(
+                    f"input '{name}' dim {d}: example size {size} is outside the declared range of '{decl.name}'"
+                )
+    # Dim.AUTO never fails the export: dims the model fixes come back static, and the
+    # conversion below turns a declared-dynamic dim that came back static into a clear error.
     ds_by_name = {
-        k: ({d: spec_kind for d in decls.get(k, {})} if isinstance(v, torch.Tensor) else None) for k, v in inputs.items()
+        k: ({d: Dim.AUTO for d in decls.get(k, {})} if isinstance(v, torch.Tensor) else None) for k, v in inputs.items()
     }
     notes = []
     if model.training:
@@ -211,7 +218,9 @@ def _convert(ep, inputs: dict[str, Any], decls: dict[str, dict[int, DimDecl]], m
                     shape.append(dim(s))
                     continue
                 key = str(s.node.expr)
-                sym_name = decl.name if decl is not None and not decl.auto else auto_names.setdefault(key, f"{iname}_{d}")
+                sym_name = (
+                    decl.name if decl is not None and not decl.auto else auto_names.setdefault(key, f"{iname}_{d}")
+                )
                 lo, hi = (decl.lo, decl.hi) if decl is not None else (1, math.inf)
                 shape.append(store.declare(sym_name, lo=lo, hi=hi, bound_at=f"input '{iname}' dim {d}"))
             cv.env[node] = b.input(iname, shape, DType.of(example.dtype))
@@ -224,7 +233,11 @@ def _convert(ep, inputs: dict[str, Any], decls: dict[str, dict[int, DimDecl]], m
     calls = [n for n in ep.graph.nodes if n.op == "call_function"]
     missing = []
     for n in calls:
-        if n.target not in ATEN and n.target not in SYM_OPS and n.target not in (operator.getitem, torch.ops.aten.sym_size.int):
+        if (
+            n.target not in ATEN
+            and n.target not in SYM_OPS
+            and n.target not in (operator.getitem, torch.ops.aten.sym_size.int)
+        ):
             missing.append((str(n.target), "no symfuse op for it", source_location(n)))
     if missing:
         raise UnsupportedOpsError(missing)
@@ -245,6 +258,22 @@ def _convert(ep, inputs: dict[str, Any], decls: dict[str, dict[int, DimDecl]], m
         if not isinstance(v, Value):
             raise UnsupportedOpsError([("output", f"output {arg!r} is not a tensor", "")])
         outs.append(v)
+    for iname, dims in decls.items():
+        for d, decl in dims.items():
+            fixed_to = store.canon(store.symbols[decl.name].symbol) if decl.name in store.symbols else None
+            if not decl.auto and fixed_to is not None and fixed_to.is_Integer:
+                why = next(
+                    (
+                        str(f.origin)
+                        for f in store.facts
+                        if f.kind == "eq" and decl.name in map(str, f.lhs.free_symbols | f.rhs.free_symbols)
+                    ),
+                    "",
+                )
+                raise ValueError(
+                    f"input '{iname}' dim {d} is declared dynamic ('{decl.name}') but the model only works with size "
+                    f"{fixed_to} there" + (f" (rule: {why})" if why else "")
+                )
     declared = list(b.graph.inputs)
     graph = b.finish(outs)
     return Captured(graph, store, declared, user_names, fixed, ep.call_spec.out_spec, 0.0)

@@ -10,17 +10,17 @@ which turns an expression into plain Python source once, keeping sympy off the h
 
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import Mapping, Union
+from collections.abc import Mapping
+from functools import cache
 
 import sympy
 from sympy.printing.str import StrPrinter
 
 Dim = sympy.Expr
-DimLike = Union[int, sympy.Expr]
+DimLike = int | sympy.Expr
 
 
-@lru_cache(maxsize=None)
+@cache
 def sym(name: str) -> sympy.Symbol:
     """The symbol for a named dynamic dimension (always a positive integer)."""
     return sympy.Symbol(name, integer=True, positive=True)

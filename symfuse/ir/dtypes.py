@@ -32,7 +32,7 @@ class DType(enum.Enum):
         return not self.is_float and self is not DType.bool
 
     @staticmethod
-    def of(t: torch.dtype) -> "DType":
+    def of(t: torch.dtype) -> DType:
         for d in DType:
             if d.torch == t:
                 return d
@@ -42,7 +42,7 @@ class DType(enum.Enum):
         return self.value
 
 
-def promote(*items: tuple["DType", int]) -> "DType":
+def promote(*items: tuple[DType, int]) -> DType:
     """torch's result dtype for operands given as (dtype, rank) pairs.
 
     Rank matters: zero-dim operands (and Python scalars) only decide the category,

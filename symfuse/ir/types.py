@@ -17,7 +17,7 @@ class TensorType:
         object.__setattr__(self, "shape", tuple(dim(d) for d in self.shape))
 
     @staticmethod
-    def of(shape: "tuple[DimLike, ...] | list[DimLike]", dtype: DType) -> "TensorType":
+    def of(shape: tuple[DimLike, ...] | list[DimLike], dtype: DType) -> TensorType:
         return TensorType(tuple(dim(d) for d in shape), dtype)
 
     @property
@@ -28,7 +28,7 @@ class TensorType:
     def numel(self) -> Dim:
         return product(self.shape)
 
-    def with_shape(self, shape) -> "TensorType":
+    def with_shape(self, shape) -> TensorType:
         return TensorType.of(tuple(shape), self.dtype)
 
     def __str__(self) -> str:

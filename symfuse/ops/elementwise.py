@@ -166,6 +166,8 @@ defop(
     ref=torch.where,
     constraints=_BROADCAST,
 )
+
+
 def _batch_norm_shape(ctx, x, *stats):
     if x.rank < 2:
         raise ctx.error(f"batch norm needs rank >= 2, got {x}")

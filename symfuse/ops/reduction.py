@@ -144,7 +144,9 @@ defop(
     ("kernel_size", "stride", "padding", "dilation"),
     shape=_pool2d_shape,
     dtype=same_dtype(),
-    ref=lambda x, kernel_size, stride, padding, dilation: F.max_pool2d(x, kernel_size, stride or None, padding, dilation),
+    ref=lambda x, kernel_size, stride, padding, dilation: F.max_pool2d(
+        x, kernel_size, stride or None, padding, dilation
+    ),
     constraints="each output side is at least 1",
 )
 defop(

@@ -16,8 +16,9 @@ returns one DType or a list.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from symfuse.ir.dtypes import DType, promote
 from symfuse.ir.types import TensorType

@@ -33,7 +33,9 @@ def _sdpa(rw: Rewriter, n, ins):
     scores = rw.emit("mul", [scores, rw.b.scalar(float(scale), loc=loc)], loc, f"{name}_scaled")
     if n.attrs["is_causal"]:
         L, S = scores.type.shape[-2], scores.type.shape[-1]
-        rows = rw.emit("reshape", [rw.emit("arange", [], loc, start=0, end=L, step=1, dtype=DType.int64)], loc, shape=(L, 1))
+        rows = rw.emit(
+            "reshape", [rw.emit("arange", [], loc, start=0, end=L, step=1, dtype=DType.int64)], loc, shape=(L, 1)
+        )
         cols = rw.emit("arange", [], loc, start=0, end=S, step=1, dtype=DType.int64)
         causal = rw.emit("ge", [rows, cols], loc, f"{name}_causal")
         mask = causal if mask is None else rw.emit("logical_and", [mask, causal], loc)

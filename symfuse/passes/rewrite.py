@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from symfuse.ir.graph import Graph, Node, Value
 from symfuse.shape.infer import GraphBuilder
@@ -20,7 +20,7 @@ class Rewriter:
     def emit(self, op: str, inputs, loc: str = "", name: str = "", **attrs) -> Value:
         return self.b.add(op, inputs, attrs, loc=loc, name=name)[0]
 
-    def run(self, rule: Callable[["Rewriter", Node, list], tuple[Value, ...] | None]) -> Graph:
+    def run(self, rule: Callable[[Rewriter, Node, list], tuple[Value, ...] | None]) -> Graph:
         g = self.src
         for v in g.inputs:
             self.env[v] = self.b.input(v.name, v.type.shape, v.type.dtype)

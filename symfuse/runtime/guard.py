@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -54,7 +54,7 @@ def make_guard(spec: GuardSpec) -> Callable[[list], dict[str, int]]:
     lines = [
         "def guard(inputs):",
         f"    if len(inputs) != {n}:",
-        f"        raise ValueError(f\"expected {n} inputs ({names}), got {{len(inputs)}}\")",
+        f'        raise ValueError(f"expected {n} inputs ({names}), got {{len(inputs)}}")',
     ]
     bound: set[str] = set()
     for k, inp in enumerate(spec.inputs):
@@ -63,20 +63,21 @@ def make_guard(spec: GuardSpec) -> Callable[[list], dict[str, int]]:
         lines += [
             f"    {x} = inputs[{k}]",
             f"    if not isinstance({x}, Tensor):",
-            f"        raise ValueError(f\"{q} must be a torch.Tensor, got {{type({x}).__name__}}\")",
+            f'        raise ValueError(f"{q} must be a torch.Tensor, got {{type({x}).__name__}}")',
             f"    if {x}.dim() != {len(inp.dims)}:",
-            f"        raise ValueError(f\"{q} must have rank {len(inp.dims)}, got shape {{tuple({x}.shape)}}\")",
+            f'        raise ValueError(f"{q} must have rank {len(inp.dims)}, got shape {{tuple({x}.shape)}}")',
             f"    if {x}.dtype != dtypes[{k}]:",
-            f"        raise ValueError(f\"{q} must have dtype {inp.dtype}, got {{{x}.dtype}}\")",
+            f'        raise ValueError(f"{q} must have dtype {inp.dtype}, got {{{x}.dtype}}")',
             f"    if {x}.device.type != {spec.device!r}:",
-            f"        raise ValueError(f\"{q} must be on device {spec.device}, got {{{x}.device}}\")",
+            f'        raise ValueError(f"{q} must be on device {spec.device}, got {{{x}.device}}")',
         ]
         for d, want in enumerate(inp.dims):
             got = f"{x}.shape[{d}]"
             if isinstance(want, int):
                 lines += [
                     f"    if {got} != {want}:",
-                    f"        raise ValueError(f\"{q} dim {d} must be {want}, got {{{got}}} (shape {{tuple({x}.shape)}})\")",
+                    f'        raise ValueError(f"{q} dim {d} must be {want}, '
+                    f'got {{{got}}} (shape {{tuple({x}.shape)}})")',
                 ]
             elif want not in bound:
                 bound.add(want)
@@ -84,8 +85,9 @@ def make_guard(spec: GuardSpec) -> Callable[[list], dict[str, int]]:
             else:
                 lines += [
                     f"    if {got} != {local[want]}:",
-                    f"        raise ValueError(f\"{q} dim {d} is {{{got}}}, but it is '{want}', which is {{{local[want]}}} "
-                    f"from {spec.sites[want]}\")",
+                    f"        raise ValueError(f\"{q} dim {d} is {{{got}}}, but it is '{want}', "
+                    f"which is {{{local[want]}}} "
+                    f'from {spec.sites[want]}")',
                 ]
     for s, lo, hi, why in spec.ranges:
         if s not in local:
@@ -107,7 +109,9 @@ def make_guard(spec: GuardSpec) -> Callable[[list], dict[str, int]]:
         c = spec.checks[i]
         shown = ", ".join(f"{label} = {values[label]}" for label, _ in c.shows)
         syms = {s: values[s] for s in spec.sites if s in values}
-        raise ValueError(f"input shapes break a rule of the model: {c.rule}; here {shown}; where {_describe(spec.sites, syms)}")
+        raise ValueError(
+            f"input shapes break a rule of the model: {c.rule}; here {shown}; where {_describe(spec.sites, syms)}"
+        )
 
     env = {"Tensor": torch.Tensor, "dtypes": [i.dtype for i in spec.inputs], "fail": fail, "min": min, "max": max}
     exec(compile(src, "<symfuse guard>", "exec"), env)  # noqa: S102

@@ -8,7 +8,8 @@ form, so equal dims print the same and compare identical.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import sympy
 import torch
@@ -52,17 +53,29 @@ class GraphBuilder:
 
     def scalar(self, value: Any, dtype: DType | None = None, loc: str = "") -> Value:
         if dtype is None:
-            dtype = DType.bool if isinstance(value, bool) else DType.int64 if isinstance(value, (int, sympy.Expr)) else DType.float32
+            dtype = (
+                DType.bool
+                if isinstance(value, bool)
+                else DType.int64
+                if isinstance(value, (int, sympy.Expr))
+                else DType.float32
+            )
         key = (str(value), dtype)
         if key not in self._scalars:
-            self._scalars[key] = self.add("full", [], {"shape": (), "value": value, "dtype": dtype}, loc=loc, name="scalar")[0]
+            self._scalars[key] = self.add(
+                "full", [], {"shape": (), "value": value, "dtype": dtype}, loc=loc, name="scalar"
+            )[0]
         return self._scalars[key]
 
-    def add(self, op: str, inputs: Sequence[Value | None], attrs: dict | None = None, *, loc: str = "", name: str = "") -> tuple[Value, ...]:
+    def add(
+        self, op: str, inputs: Sequence[Value | None], attrs: dict | None = None, *, loc: str = "", name: str = ""
+    ) -> tuple[Value, ...]:
         opdef = ops.get(op)
         attrs = dict(attrs or {})
         opdef.check_schema(len(inputs), attrs)
-        types = [TensorType(self.store.canon_shape(v.type.shape), v.type.dtype) if v is not None else None for v in inputs]
+        types = [
+            TensorType(self.store.canon_shape(v.type.shape), v.type.dtype) if v is not None else None for v in inputs
+        ]
         out_name = self._fresh(name or op)
         ctx = ShapeContext(self.store, op, out_name, loc)
         packed = opdef.pack(types)

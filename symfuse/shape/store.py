@@ -134,9 +134,17 @@ class ShapeStore:
         def minmax(e):
             lo_hi = [self.bounds(a) for a in e.args]
             if isinstance(e, sympy.Min):
-                best = [a for a, (_, hi) in zip(e.args, lo_hi) if all(hi <= lo for b, (lo, _) in zip(e.args, lo_hi) if b is not a)]
+                best = [
+                    a
+                    for a, (_, hi) in zip(e.args, lo_hi)
+                    if all(hi <= lo for b, (lo, _) in zip(e.args, lo_hi) if b is not a)
+                ]
             else:
-                best = [a for a, (lo, _) in zip(e.args, lo_hi) if all(lo >= hi for b, (_, hi) in zip(e.args, lo_hi) if b is not a)]
+                best = [
+                    a
+                    for a, (lo, _) in zip(e.args, lo_hi)
+                    if all(lo >= hi for b, (_, hi) in zip(e.args, lo_hi) if b is not a)
+                ]
             return best[0] if best else e
 
         return d.replace(lambda e: isinstance(e, (sympy.Min, sympy.Max)), minmax)
@@ -226,9 +234,7 @@ class ShapeStore:
             return
         new_lo, new_hi = max(info.lo, lo), min(info.hi, hi)
         if new_lo > new_hi:
-            raise ShapeError(
-                f"{origin}: needs {s.name} in [{lo}, {hi}], but it is declared in [{info.lo}, {info.hi}]"
-            )
+            raise ShapeError(f"{origin}: needs {s.name} in [{lo}, {hi}], but it is declared in [{info.lo}, {info.hi}]")
         if (new_lo, new_hi) != (info.lo, info.hi):
             info.lo, info.hi, info.range_origin = int(new_lo), new_hi, origin
 

@@ -1,0 +1,189 @@
+"""Capture and bad input: clear errors that name the input, the dim and the rule."""
+
+import pytest
+import torch
+from torch.export import Dim
+
+import symfuse
+from symfuse.shape.infer import reinfer
+from tests.conftest import rel_err
+
+
+class TwoUnsupported(torch.nn.Module):
+    def forward(self, x):
+        a = torch.fft.rfft(x).abs()
+        return a.sum() + torch.linalg.det(x[..., :2, :2]).sum()
+
+
+def test_unsupported_ops_are_all_listed_with_locations():
+    with pytest.raises(symfuse.UnsupportedOpsError) as err:
+        symfuse.compile(TwoUnsupported(), (torch.randn(3, 4, 4),), {"x": {0: "B"}})
+    text = str(err.value)
+    assert "2 op(s)" in text
+    assert "aten.fft_rfft.default" in text and "aten.linalg_det.default" in text
+    assert text.count("test_capture.py:") == 2
+    assert [p[0] for p in err.value.problems] == ["aten.fft_rfft.default", "aten.linalg_det.default"]
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(6, 16)
+        self.b = torch.nn.Linear(16, 6)
+
+    def forward(self, x, y):
+        return self.b(torch.relu(self.a(x))) + y
+
+
+def test_positional_inputs_and_default_dynamic(seeded):
+    m = MLP()
+    x, y = torch.randn(3, 5, 6), torch.randn(3, 5, 6)
+    c = symfuse.compile(m, (x, y))  # dynamic omitted: every dim the model lets vary
+    assert str(c.graph.inputs[0].type) == "f32[x_0, x_1, 6]"
+    for shape in [(1, 1, 6), (2, 13, 6), (16, 3, 6)]:
+        x, y = torch.randn(shape), torch.randn(shape)
+        assert rel_err(c(x, y), m(x, y)) < 1e-5
+
+
+def test_dynamic_dim_with_example_of_one_is_refused():
+    with pytest.raises(ValueError, match=r"input 'x' dim 0 is declared dynamic \('B'\) but its example size is 1"):
+        symfuse.compile(MLP(), (torch.randn(1, 5, 6), torch.randn(1, 5, 6)), {"x": {0: "B"}})
+
+
+def test_dynamic_dim_the_model_fixes_is_refused():
+    with pytest.raises(
+        ValueError, match=r"input 'x' dim 2 is declared dynamic \('F'\) but the model only works with size 6"
+    ):
+        symfuse.compile(MLP(), (torch.randn(2, 5, 6), torch.randn(2, 5, 6)), {"x": {2: "F"}})
+
+
+def test_dynamic_naming_an_unknown_input_is_refused():
+    with pytest.raises(ValueError, match="dynamic names input 'z', but the inputs are x, y"):
+        symfuse.compile(MLP(), (torch.randn(2, 5, 6), torch.randn(2, 5, 6)), {"z": {0: "B"}})
+
+
+def test_torch_dims_with_ranges_are_accepted(seeded):
+    m = MLP()
+    B = Dim("B", min=2, max=8)
+    c = symfuse.compile(m, (torch.randn(2, 5, 6), torch.randn(2, 5, 6)), {"x": {0: B}, "y": {0: B}})
+    assert c.store.range(c.graph.inputs[0].type.shape[0]) == (2, 8)
+    with pytest.raises(ValueError, match=r"input 'x' dim 0 is 9, but 'B' must be in \[2, 8\]"):
+        c(torch.randn(9, 5, 6), torch.randn(9, 5, 6))
+
+
+def test_captured_graphs_verify():
+    m = MLP()
+    c = symfuse.compile(m, (torch.randn(2, 5, 6), torch.randn(2, 5, 6)), {"x": {0: "B", 1: "S"}, "y": {0: "B", 1: "S"}})
+    assert reinfer(c.graph, c.store) == []
+
+
+# -- bad input at call time, on a tiny BERT --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_bert():
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=32,
+    )  # fmt: skip
+    m = BertModel(cfg).eval()
+    ids = torch.randint(0, 100, (2, 8))
+    dyn = {"input_ids": {0: "B", 1: "S"}, "attention_mask": {0: "B", 1: "S"}}
+    return m, symfuse.compile(m, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, dyn)
+
+
+def _inputs(b, s, mask_s=None):
+    ids = torch.randint(0, 100, (b, s))
+    return {"input_ids": ids, "attention_mask": torch.ones(b, s if mask_s is None else mask_s, dtype=torch.long)}
+
+
+def test_tiny_bert_runs_every_shape(tiny_bert):
+    m, c = tiny_bert
+    before = symfuse.compile_count()
+    for b, s in [(1, 1), (2, 7), (3, 16), (1, 32), (5, 13)]:
+        inp = _inputs(b, s)
+        with torch.no_grad():
+            assert rel_err(c(**inp), m(**inp)) < 1e-4
+    assert symfuse.compile_count() == before
+
+
+def test_sequence_longer_than_position_table(tiny_bert):
+    _, c = tiny_bert
+    with pytest.raises(
+        ValueError, match=r"input 'input_ids' dim 1 is 33, but 'S' must be in \[1, 32\] \(rule: .*expand"
+    ):
+        c(**_inputs(1, 33))
+
+
+def test_mask_of_another_length(tiny_bert):
+    _, c = tiny_bert
+    with pytest.raises(
+        ValueError, match=r"input 'attention_mask' dim 1 is 7, but it is 'S', which is 9 from input 'input_ids' dim 1"
+    ):
+        c(**_inputs(2, 9, mask_s=7))
+
+
+def test_distinct_names_are_tied_by_the_model_and_checked():
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    m = BertModel(
+        BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    ).eval()
+    ids = torch.randint(0, 50, (2, 8))
+    c = symfuse.compile(m, {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+                        {"input_ids": {0: "B", 1: "S"}, "attention_mask": {0: "B", 1: "M"}})  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"rule of the model: M == S \(operands equal after broadcast.*add.*\).*M = 7.*S = 9"
+    ):
+        c(**_inputs(2, 9, mask_s=7))
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: ((torch.randint(0, 100, (2, 8)),), {}), r"missing input\(s\) attention_mask"),
+        (lambda: ((), {**_inputs(2, 8), "token_type_ids": None}), "unexpected input 'token_type_ids'"),
+        (
+            lambda: ((), {**_inputs(2, 8), "input_ids": torch.randint(0, 100, (2, 8, 1))}),
+            r"input 'input_ids' must have rank 2, got shape \(2, 8, 1\)",
+        ),
+        (
+            lambda: ((), {**_inputs(2, 8), "input_ids": torch.rand(2, 8)}),
+            "input 'input_ids' must have dtype torch.int64, got torch.float32",
+        ),
+        (
+            lambda: ((), {**_inputs(2, 8), "attention_mask": torch.ones(2, 8, dtype=torch.long, device="meta")}),
+            "input 'attention_mask' must be on device cpu, got meta",
+        ),
+        (
+            lambda: ((), {**_inputs(2, 8), "attention_mask": [[1] * 8] * 2}),
+            "input 'attention_mask' must be a torch.Tensor, got list",
+        ),
+    ],
+)
+def test_bad_calls(tiny_bert, make, message):
+    _, c = tiny_bert
+    args, kwargs = make()
+    with pytest.raises(ValueError, match=message):
+        c(*args, **kwargs)
+
+
+def test_explain_names_facts_and_backend(tiny_bert):
+    _, c = tiny_bert
+    text = c.explain()
+    assert "backend: reference executor" in text
+    assert "S in [1, 32]" in text
+    assert "checked on every call" in text and "min(32, S) == S" in text
+    assert "%layer_norm: f32[B, S, 32]" in text
+
+
+def test_static_dim_mismatch_names_input_and_dim():
+    c = symfuse.compile(MLP(), (torch.randn(2, 5, 6), torch.randn(2, 5, 6)), {"x": {0: "B"}, "y": {0: "B"}})
+    with pytest.raises(ValueError, match=r"input 'x' dim 2 must be 6, got 7 \(shape \(2, 5, 7\)\)"):
+        c(torch.randn(2, 5, 7), torch.randn(2, 5, 6))
+    with pytest.raises(ValueError, match=r"expected at most 2 inputs"):
+        c(torch.randn(2, 5, 6), torch.randn(2, 5, 6), torch.randn(1))
