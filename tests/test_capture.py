@@ -187,3 +187,15 @@ def test_static_dim_mismatch_names_input_and_dim():
         c(torch.randn(2, 5, 7), torch.randn(2, 5, 6))
     with pytest.raises(ValueError, match=r"expected at most 2 inputs"):
         c(torch.randn(2, 5, 6), torch.randn(2, 5, 6), torch.randn(1))
+
+
+def test_image_too_small_for_the_pooling_windows():
+    from symfuse.models import resnet
+
+    case = resnet()
+    c = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic)
+    assert c.store.range(c.graph.inputs[0].type.shape[2]) == (6, float("inf"))
+    with pytest.raises(ValueError, match=r"input 'x' dim 2 is 5, but 'H' must be in \[6, inf\] \(rule: the pooling"):
+        c(**case.inputs(B=1, H=5))
+    with torch.no_grad():
+        assert rel_err(c(**case.inputs(B=1, H=6)), case.model(**case.inputs(B=1, H=6))) < 1e-4

@@ -117,6 +117,11 @@ class _DimPrinter(StrPrinter):
             return body
         return f"-{body}" if coeff == -1 else f"{coeff}*{body}"
 
+    def _print_Pow(self, e, rational=False):
+        if e.exp.is_Integer and e.exp > 0:
+            return f"{self._wrap(e.base)}**{e.exp}"
+        return super()._print_Pow(e, rational)
+
     def _print_Min(self, e):
         return "min(" + ", ".join(self._print(a) for a in e.args) + ")"
 
@@ -125,7 +130,7 @@ class _DimPrinter(StrPrinter):
 
     def _wrap(self, e):
         s = self._print(e)
-        return s if (e.is_Atom or e.is_Function) else f"({s})"
+        return s if (e.is_Atom or isinstance(e, (sympy.Min, sympy.Max, sympy.ceiling))) else f"({s})"
 
 
 _printer = _DimPrinter()

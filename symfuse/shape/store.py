@@ -93,6 +93,7 @@ class ShapeStore:
         self._eq_origin: dict[Dim, Origin] = {}  # member -> the fact that joined it
         self._numel_parent: dict[Dim, Dim] = {}
         self._divisors: dict[Dim, int] = {}
+        self._seen: set[Fact] = set()
 
     # -- declaring -----------------------------------------------------------------
     def declare(self, name: str, *, lo: int = 1, hi: float = math.inf, bound_at: str = "") -> sympy.Symbol:
@@ -207,20 +208,25 @@ class ShapeStore:
             if not (a.is_Integer and b.is_Integer and a <= b):
                 raise ShapeError(f"{origin}: needs {fact.text()}, which never holds")
             return
+        if fact in self._seen:
+            return
+        self._seen.add(fact)
         self.facts.append(fact)
-        # a single-symbol linear bound tightens that symbol's range
+        # a bound on a non-decreasing expression of one symbol tightens that symbol's range
         for lhs, rhs, upper in ((a, b, True), (b, a, False)):
-            if rhs.is_Integer and len(lhs.free_symbols) == 1:
+            if rhs.is_Integer and len(lhs.free_symbols) == 1 and _nondecreasing(lhs):
                 (s,) = lhs.free_symbols
-                if not lhs.is_polynomial(s) or sympy.degree(lhs, s) != 1:
-                    continue
-                k, c = sympy.Poly(lhs, s).all_coeffs()
-                if k.is_Integer and c.is_Integer and k > 0:
-                    bound = (int(rhs) - int(c)) / int(k)
-                    if upper:
-                        self._tighten(s, -math.inf, math.floor(bound), origin)
-                    else:
-                        self._tighten(s, math.ceil(bound), math.inf, origin)
+                info = self.symbols.get(s.name)
+                lo, hi = (info.lo, info.hi) if info else (1, math.inf)
+                f = _evaluator(lhs, s)
+                if upper:  # largest s with f(s) <= rhs
+                    edge = _search(lambda v: f(v) <= int(rhs), lo, hi, want_last=True)
+                    if edge is not None:
+                        self._tighten(s, -math.inf, edge, origin)
+                else:  # smallest s with f(s) >= rhs
+                    edge = _search(lambda v: f(v) >= int(rhs), lo, hi, want_last=False)
+                    if edge is not None:
+                        self._tighten(s, edge, math.inf, origin)
 
     def _tighten(self, s: sympy.Symbol, lo: float, hi: float, origin: Origin) -> None:
         """Narrow the range of `s` and of every symbol known equal to it."""
@@ -245,10 +251,10 @@ class ShapeStore:
             return
         if pa.is_Integer and pb.is_Integer:
             raise ShapeError(f"{origin}: element counts {fmt_shape(a_shape)} and {fmt_shape(b_shape)} differ")
-        self.facts.append(fact)
         ra, rb = self._numel_find(pa), self._numel_find(pb)
         if ra != rb:
             self._numel_parent[rb] = ra
+            self.facts.append(fact)
 
     def divisible(self, d: DimLike, k: int, origin: Origin) -> None:
         d = self.canon(d)
@@ -362,6 +368,61 @@ class ShapeStore:
     def checks(self) -> list[Fact]:
         """Facts that are not true by construction: the run-time guard must check them."""
         return [f for f in self.facts if not f.trivial]
+
+
+def _nondecreasing(e: sympy.Expr) -> bool:
+    """True when `e` cannot decrease as its symbols grow (sums and products with positive
+    coefficients, floor/ceil divisions by positive constants, min and max of such)."""
+    if e.is_Integer or e.is_Symbol:
+        return True
+    if e.is_Add:
+        return all(_nondecreasing(t) for t in e.args)
+    if e.is_Mul:
+        coeff, rest = e.as_coeff_Mul()
+        return coeff > 0 and all(_nondecreasing(t) for t in sympy.Mul.make_args(rest))
+    if e.is_Pow:
+        return e.exp.is_Integer and e.exp > 0 and _nondecreasing(e.base)
+    if isinstance(e, (sympy.floor, sympy.ceiling)):
+        num, den = sympy.fraction(sympy.together(e.args[0]))
+        return den.is_Integer and den > 0 and _nondecreasing(num)
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        return all(_nondecreasing(t) for t in e.args)
+    return False
+
+
+def _evaluator(e: sympy.Expr, s: sympy.Symbol):
+    from symfuse.ir.dims import to_python
+
+    return eval(f"lambda {s.name}: {to_python(e)}", {"min": min, "max": max})  # noqa: S307
+
+
+def _search(pred, lo: float, hi: float, *, want_last: bool) -> int | None:
+    """Binary search on a monotone predicate over [lo, hi] (hi may be inf).
+
+    want_last: pred holds then fails; return the last value where it holds.
+    otherwise: pred fails then holds; return the first value where it holds.
+    """
+    lo = int(lo)
+    top = int(hi) if math.isfinite(hi) else 2**62
+    if want_last:
+        if not pred(lo):
+            return lo - 1
+        if pred(top):
+            return None
+        a, b = lo, top  # pred(a) holds, pred(b) fails
+    else:
+        if pred(lo):
+            return None
+        if not pred(top):
+            return top + 1
+        a, b = lo, top  # pred(a) fails, pred(b) holds
+    while b - a > 1:
+        mid = (a + b) // 2
+        if pred(mid) == want_last:
+            a = mid
+        else:
+            b = mid
+    return a if want_last else b
 
 
 def _mul(x: float, y: float) -> float:

@@ -1,0 +1,23 @@
+from symfuse.cli import main
+
+
+def test_models_lists_builtins(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out.split()
+    assert {"bert-base", "bert-small", "gpt2", "vit-base", "t5-encoder-small", "resnet", "lstm"} <= set(out)
+
+
+def test_explain_command_shows_symbols_classes_and_checks(capsys):
+    assert main(["explain", "--model", "resnet"]) == 0
+    out = capsys.readouterr().out
+    # the average pool needs a window of at least one pixel: H >= 6
+    assert "H in [6, inf] bound by input 'x' dim 2, input 'x' dim 3  <- the pooling/convolution window fits" in out
+    assert "32*B*(H//2)**2" in out
+    assert "equal element counts" in out and "checked on every call" in out
+    assert "%conv2d: f32[B, 32, H, H]" in out  # padding 1 keeps the side
+    assert "(H - 1)//2 + 1" in out or "(H + 1)//2" in out or "H//2" in out
+
+
+def test_unknown_model_is_a_clear_error(capsys):
+    assert main(["explain", "--model", "nope"]) == 2
+    assert "unknown model 'nope'" in capsys.readouterr().err
