@@ -7,6 +7,10 @@ extras="${1:-models}"
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[${extras}]"
+log=.venv/install.log
+pip() { .venv/bin/python -m pip "$@" >>"$log" 2>&1 || { cat "$log"; exit 1; }; }
+: >"$log"
+echo "installing symfuse[${extras}] into .venv (log: $log)"
+pip install --upgrade pip
+pip install "torch==2.13.0"
+pip install -e ".[${extras}]"
