@@ -72,6 +72,14 @@ class CompiledModule:
             outs = self._executor.run(binding, tensors)
         return pytree.tree_unflatten(outs, self.captured.out_spec)
 
+    def profile(self, on_node, *args, **kwargs):
+        """Run once, calling `on_node(node, inputs, outputs, seconds)` after every op."""
+        tensors = self._inputs(args, kwargs)
+        binding = self.guard(tensors)
+        with torch.no_grad():
+            outs = self._executor.run(binding, tensors, on_node=on_node)
+        return pytree.tree_unflatten(outs, self.captured.out_spec)
+
     def explain(self, *, with_graph: bool = True) -> str:
         return _explain(self.graph, self.store, backend=self.backend, notes=self.captured.notes, with_graph=with_graph)
 

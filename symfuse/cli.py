@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -74,6 +75,42 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    import shlex
+
+    from symfuse.bench import harness, report
+    from symfuse.bench.engines import ENGINES
+
+    engines = list(ENGINES) if args.engines == "all" else [e.strip() for e in args.engines.split(",")]
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        raise ValueError(f"unknown engine(s) {', '.join(unknown)}; engines: {', '.join(ENGINES)}")
+    bindings = harness.parse_sweep(args.model, {"batch": args.batch, "seq": args.seq, "image": args.image})
+    out_dir = args.out or os.path.join("symfuse-results", args.model)
+    cfg = harness.Config(
+        args.model, engines, bindings, rounds=args.rounds, min_reps=args.min_reps, budget_s=args.budget,
+        profile=args.profile, out_dir=out_dir,
+    )  # fmt: skip
+    tty = sys.stderr.isatty()
+
+    def progress(msg: str) -> None:
+        sys.stderr.write(("\r\033[K" if tty else "") + f"[bench] {msg}" + ("" if tty else "\n"))
+        sys.stderr.flush()
+
+    progress("measuring memory bandwidth and SGEMM")
+    os.makedirs(out_dir, exist_ok=True)
+    physics = harness.measure_physics(os.path.join(out_dir, "worker-physics.log"))
+    result = harness.run(cfg, progress=progress)
+    result["physics"] = physics
+    result["command"] = "symfuse " + shlex.join(args.argv)
+    if tty:
+        sys.stderr.write("\r\033[K")
+    print(report.terminal(result))
+    paths = report.write(result, out_dir)
+    print("\nwrote " + ", ".join(f"{k}: {v}" for k, v in paths.items()))
+    return 0
+
+
 def cmd_models(args) -> int:
     from symfuse.models import BUILTIN
 
@@ -92,9 +129,22 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--model", default="bert-small")
     e.add_argument("--no-graph", action="store_true", help="leave out the graph listing")
     e.set_defaults(fn=cmd_explain)
+    b = sub.add_parser("bench", help="compare symfuse with eager, torch.compile, ONNX Runtime and OpenVINO")
+    b.add_argument("--model", default="bert-small")
+    b.add_argument("--engines", default="all", help="comma-separated engines, or 'all'")
+    b.add_argument("--batch", help="batch sizes, e.g. 1,2,4,8")
+    b.add_argument("--seq", help="sequence lengths, e.g. 16,33,64,128,200,384")
+    b.add_argument("--image", help="image sides for vision models, e.g. 160,224,288")
+    b.add_argument("--rounds", type=int, default=2, help="passes over all engines and shapes (order rotates)")
+    b.add_argument("--min-reps", type=int, default=5, help="timed runs per shape and round, at least")
+    b.add_argument("--budget", type=float, default=0.5, help="seconds of timed runs per shape and round")
+    b.add_argument("--profile", action="store_true", help="also time each symfuse op against the physical limits")
+    b.add_argument("--out", help="results folder (default symfuse-results/MODEL)")
+    b.set_defaults(fn=cmd_bench)
     m = sub.add_parser("models", help="list the built-in models")
     m.set_defaults(fn=cmd_models)
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return args.fn(args)
     except (ValueError, NotImplementedError) as err:

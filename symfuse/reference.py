@@ -8,6 +8,7 @@ shape rule and raises `AssertionError` naming the node.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -65,13 +66,18 @@ class ReferenceExecutor:
             shapes = _compile_dims([d for v in n.outputs for d in v.type.shape])
             self._steps.append((n, opdef, _attr_evaluator(dict(n.attrs)), shapes))
 
-    def run(self, binding: dict[str, int], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def run(self, binding: dict[str, int], inputs: list[torch.Tensor], on_node=None) -> list[torch.Tensor]:
+        """Run the graph; `on_node(node, inputs, outputs, seconds)` is called after each op."""
         env: dict[Value, torch.Tensor] = dict(self.graph.constants)
         env.update(zip(self.graph.inputs, inputs))
         for n, opdef, attrs, shapes in self._steps:
-            args = opdef.pack([env[v] if v is not None else None for v in n.inputs])
-            out = opdef.ref(*args, **attrs(binding))
+            ins = [env[v] if v is not None else None for v in n.inputs]
+            t0 = time.perf_counter()
+            out = opdef.ref(*opdef.pack(ins), **attrs(binding))
+            seconds = time.perf_counter() - t0
             outs = out if isinstance(out, tuple) else (out,)
+            if on_node is not None:
+                on_node(n, [t for t in ins if t is not None], outs, seconds)
             self._check(n, outs, shapes(binding))
             env.update(zip(n.outputs, outs))
         return [env[v] for v in self.graph.outputs]

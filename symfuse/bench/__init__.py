@@ -1,0 +1,1 @@
+"""The benchmark harness: symfuse beside its peers, each engine in its own process."""

@@ -1,0 +1,190 @@
+"""Benchmark reports: a terminal table, JSON, Markdown and a latency plot."""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def _fmt(v, spec: str = ".2f", none: str = "-") -> str:
+    return none if v is None else format(v, spec)
+
+
+def engine_lines(result: dict) -> list[tuple]:
+    out = []
+    for n, e in result["engines"].items():
+        errs = [v for v in e["errors"].values() if v is not None]
+        out.append((
+            n, e["status"] + (f": {e['detail']}" if e["status"] != "ok" and e["detail"] else ""),
+            _fmt(e["prepare_s"]), _fmt(e["recompiles"], "d"), _fmt(e["peak_rss_mb"], ".0f"),
+            _fmt(max(errs) if errs else None, ".1e"),
+        ))  # fmt: skip
+    return out
+
+
+def shape_table(result: dict) -> tuple[list[str], list[list[str]]]:
+    """Rows: shapes. Columns: each engine's median ms (ratio to the best peer)."""
+    engines = [n for n, e in result["engines"].items() if e["status"] == "ok"]
+    header = ["shape"] + engines
+    by_shape: dict[str, dict[str, dict]] = {}
+    for r in result["rows"]:
+        label = ", ".join(f"{k}={v}" for k, v in r["binding"].items())
+        by_shape.setdefault(label, {})[r["engine"]] = r
+    rows = []
+    for label, cells in by_shape.items():
+        row = [label]
+        for n in engines:
+            c = cells.get(n, {})
+            if c.get("median_ms") is None:
+                row.append("failed" if c.get("failure") else "-")
+            else:
+                row.append(
+                    f"{c['median_ms']:.2f} ({c['ratio_to_best_peer']:.2f}x)"
+                    if c.get("ratio_to_best_peer")
+                    else f"{c['median_ms']:.2f}"
+                )
+        rows.append(row)
+    return header, rows
+
+
+def _text_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    line = lambda r: "  ".join(
+        str(x).ljust(w) if i == 0 else str(x).rjust(w) for i, (x, w) in enumerate(zip(r, widths))
+    )
+    return "\n".join([line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(out + ["| " + " | ".join(str(x) for x in r) + " |" for r in rows])
+
+
+ENGINE_HEADER = ["engine", "status", "compile/export s", "recompiles", "peak MB", "max rel err vs eager"]
+
+
+def physics_text(p: dict) -> str:
+    if not p:
+        return "physical references: not measured"
+    return (
+        f"physical references: copy bandwidth {p['copy_gbps']:.1f} GB/s (read + write), "
+        f"SGEMM {p['sgemm_gflops']:.0f} GFLOP/s (torch.matmul, {p['sgemm_n']}^3)"
+    )
+
+
+def profile_lines(result: dict) -> list[list[str]]:
+    p, phys = result.get("profile"), result.get("physics") or {}
+    if not p:
+        return []
+    rows = []
+    for s in p[:15]:
+        sec = s["seconds"] or 1e-12
+        gbps, gflops = s["bytes"] / sec / 1e9, s["flops"] / sec / 1e9
+        frac = (
+            (
+                f"{gflops / phys['sgemm_gflops']:.0%} of SGEMM"
+                if s["flops"]
+                else f"{gbps / phys['copy_gbps']:.0%} of copy bw"
+            )
+            if phys
+            else "-"
+        )
+        rows.append(
+            [
+                s["op"],
+                str(s["calls"]),
+                f"{s['seconds'] * 1e3:.2f}",
+                f"{gbps:.1f}",
+                f"{gflops:.1f}" if s["flops"] else "-",
+                frac,
+            ]
+        )
+    return rows
+
+
+PROFILE_HEADER = ["symfuse op", "calls", "ms", "GB/s", "GFLOP/s", "achieved"]
+
+
+def terminal(result: dict) -> str:
+    parts = [
+        f"\n{result['config']['model']}: median latency in ms "
+        "(ratio to the best peer; peers are all engines but symfuse)",
+        _text_table(*shape_table(result)),
+    ]
+    parts += ["", _text_table(ENGINE_HEADER, engine_lines(result)), "", physics_text(result.get("physics", {}))]
+    prof = profile_lines(result)
+    if prof:
+        parts += [
+            "",
+            f"profile of one symfuse call at {result['config']['bindings'][-1]}:",
+            _text_table(PROFILE_HEADER, prof),
+        ]
+    return "\n".join(parts)
+
+
+def markdown(result: dict) -> str:
+    cfg = result["config"]
+    parts = [
+        f"## {cfg['model']}", "", f"Command: `{result.get('command', '')}`", "",
+        f"Finished {result['finished']}; {cfg['rounds']} rounds, engines alternating, each in its own process. "
+        "Cells: median ms (ratio to the best peer).", "",
+        _md_table(*shape_table(result)), "", _md_table(ENGINE_HEADER, engine_lines(result)), "",
+        physics_text(result.get("physics", {})),
+    ]  # fmt: skip
+    prof = profile_lines(result)
+    if prof:
+        parts += ["", _md_table(PROFILE_HEADER, prof)]
+    return "\n".join(parts) + "\n"
+
+
+def plot(result: dict, path: str) -> str | None:
+    """Latency against the swept axis, one line per engine; None when matplotlib is absent."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = [r for r in result["rows"] if r["median_ms"] is not None]
+    if not rows:
+        return None
+    symbols = list(rows[0]["binding"])
+    axis = max(symbols, key=lambda s: len({r["binding"][s] for r in rows}))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        others = ", ".join(f"{k}={v}" for k, v in r["binding"].items() if k != axis)
+        label = r["engine"] + (
+            f" ({others})"
+            if others
+            and len(symbols) > 1
+            and len({tuple((k, v) for k, v in x["binding"].items() if k != axis) for x in rows}) > 1
+            else ""
+        )
+        series.setdefault(label, []).append((r["binding"][axis], r["median_ms"]))
+    for label, pts in series.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    ax.set_xlabel(axis)
+    ax.set_ylabel("median latency (ms)")
+    ax.set_title(f"{result['config']['model']}: latency by {axis}")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write(result: dict, out_dir: str) -> dict[str, str]:
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"json": os.path.join(out_dir, "results.json"), "markdown": os.path.join(out_dir, "results.md")}
+    with open(paths["json"], "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    with open(paths["markdown"], "w") as f:
+        f.write(markdown(result))
+    png = plot(result, os.path.join(out_dir, "latency.png"))
+    if png:
+        paths["plot"] = png
+    return paths

@@ -1,0 +1,156 @@
+"""A benchmark worker: one engine, one model, one process.
+
+The parent talks to it in JSON lines on stdin/stdout. Replies start with `MARK`, so
+whatever libraries print on stdout (exporters do) is skipped. Requests:
+`{"cmd": "run", "binding": {...}, "min_reps": n, "max_reps": m, "budget_s": t}` times the
+engine at one binding; `{"cmd": "stats"}` gives recompilations and peak memory;
+`{"cmd": "profile", "binding": {...}}` (symfuse only) times each op;
+`{"cmd": "quit"}` ends it. The first reply says whether the engine is ready.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import resource
+import sys
+import tempfile
+import time
+import traceback
+
+MARK = "@@symfuse-bench@@ "
+
+
+def reply(obj: dict) -> None:
+    sys.stdout.write(MARK + json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def rel_err(outs: list, refs: list) -> float:
+    import numpy as np
+
+    worst = 0.0
+    for a, b in zip(outs, refs):
+        a = a.detach().numpy() if hasattr(a, "detach") else np.asarray(a)
+        b = b.detach().numpy()
+        if a.shape != b.shape:
+            return float("inf")
+        if b.size and b.dtype.kind == "f":
+            worst = max(worst, float(np.abs(a.astype(np.float64) - b).max() / max(np.abs(b).max(), 1e-12)))
+    return worst
+
+
+def physics() -> dict:
+    """Memory bandwidth (copy, read + write) and SGEMM rate of this machine, via torch."""
+    import torch
+
+    src = torch.empty(64 * 2**20, dtype=torch.float32).uniform_()  # 256 MiB
+    dst = torch.empty_like(src)
+    best = min(_timed(lambda: dst.copy_(src)) for _ in range(10))
+    n = 2048
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    gemm = min(_timed(lambda: torch.matmul(a, b)) for _ in range(5))
+    return {"copy_gbps": 2 * src.numel() * 4 / best / 1e9, "sgemm_gflops": 2 * n**3 / gemm / 1e9, "sgemm_n": n}
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def profile_symfuse(compiled, inputs: dict) -> list[dict]:
+    """Per-op time, bytes moved and FLOPs of one symfuse call (reference backend: op = kernel)."""
+    from symfuse import ops
+
+    stats: dict = {}
+
+    def on_node(node, ins, outs, seconds):
+        out_bytes = sum(t.numel() * t.element_size() for t in outs)
+        if ops.get(node.op).kind in (ops.Kind.INJECTIVE, ops.Kind.BROADCAST):
+            nbytes = 2 * out_bytes  # a gather or view reads what it writes, not its whole input
+        else:
+            nbytes = out_bytes + sum(t.numel() * t.element_size() for t in ins if hasattr(t, "numel"))
+        flops = 0
+        if node.op in ("matmul", "linear"):
+            k = ins[0].shape[-1]
+            flops = 2 * outs[0].numel() * k
+        elif node.op == "conv2d":
+            w = ins[1]
+            flops = 2 * outs[0].numel() * w[0].numel()
+        s = stats.setdefault(node.op, {"op": node.op, "calls": 0, "seconds": 0.0, "bytes": 0, "flops": 0})
+        s["calls"] += 1
+        s["seconds"] += seconds
+        s["bytes"] += nbytes
+        s["flops"] += flops
+
+    compiled.profile(on_node, **inputs)
+    return sorted(stats.values(), key=lambda s: -s["seconds"])
+
+
+def main() -> int:
+    cfg = json.loads(sys.stdin.readline())
+    if cfg.get("physics"):
+        reply({"status": "ready", "physics": physics()})
+        return 0
+    import torch
+
+    from symfuse.bench.engines import ENGINES
+    from symfuse.models import load
+
+    torch.manual_seed(0)
+    engine = ENGINES[cfg["engine"]]()
+    missing = [m for m in engine.requires if importlib.util.find_spec(m) is None]
+    if missing:
+        reply({"status": "missing", "detail": f"not installed: {', '.join(missing)} (pip install .[bench])"})
+        return 0
+    try:
+        case = load(cfg["model"])
+        t0 = time.perf_counter()
+        run = engine.prepare(case, tempfile.mkdtemp(prefix="symfuse-bench-"))
+        prepare_s = time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001 - any failure of a peer is reported, not raised
+        reply(
+            {
+                "status": "failed",
+                "detail": f"{type(e).__name__}: {e}".splitlines()[0][:500],
+                "trace": traceback.format_exc()[-2000:],
+            }
+        )
+        return 0
+    reply({"status": "ready", "prepare_s": prepare_s})
+    refs: dict = {}
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            if req["cmd"] == "quit":
+                break
+            if req["cmd"] == "stats":
+                rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+                reply({"recompiles": engine.recompiles(), "peak_rss_mb": rss})
+                continue
+            inputs = case.inputs(**req["binding"])
+            if req["cmd"] == "profile":
+                reply({"profile": profile_symfuse(engine.compiled, inputs)})
+                continue
+            key = json.dumps(req["binding"], sort_keys=True)
+            if key not in refs:
+                with torch.no_grad():
+                    from symfuse.bench.engines import flat_outputs
+
+                    refs[key] = flat_outputs(case.model(**inputs))
+            err = rel_err(run(inputs), refs[key])
+            times = []
+            start = time.perf_counter()
+            while len(times) < req["max_reps"] and (
+                len(times) < req["min_reps"] or time.perf_counter() - start < req["budget_s"]
+            ):
+                times.append(_timed(lambda: run(inputs)) * 1e3)
+            reply({"times_ms": times, "err": err})
+        except Exception as e:  # noqa: BLE001
+            reply({"error": f"{type(e).__name__}: {e}".splitlines()[0][:500]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
