@@ -18,50 +18,65 @@ def _max_rel_err(a, b) -> float:
     return max(_max_rel_err(x, y) for x, y in zip(a, b))
 
 
-def _median_ms(fn, reps: int) -> float:
+def _times_ms(fn, reps: int) -> list[float]:
+    fn()  # warm up: first calls at a new shape set up library kernels
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    return sorted(times)[len(times) // 2]
+    return times
 
 
 def cmd_demo(args) -> int:
     import symfuse
+    from symfuse.bench import harness, report
     from symfuse.models import load
 
     case = load(args.model)
     print(f"symfuse demo: {case.name}, dynamic dims {case.dynamic}")
     t0 = time.perf_counter()
     compiled = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic)
-    print(
-        f"compiled once in {time.perf_counter() - t0:.2f}s: {len(compiled.graph.nodes)} ops, symbols {compiled.symbols}"
-    )
+    compile_s = time.perf_counter() - t0
+    print(f"compiled once in {compile_s:.2f}s: {len(compiled.graph.nodes)} ops, symbols {compiled.symbols}")
     print(f"backend: {compiled.backend}")
     print(
         f"{len(compiled.store.checks())} shape facts are checked on every call; "
         f"`symfuse explain --model {case.name}` lists them\n"
     )
-    print(f"{'binding':<22}{'symfuse ms':>12}{'eager ms':>10}{'max rel err':>13}")
+    print(f"{'binding':<22}{'symfuse ms':>12}{'eager ms':>10}{'ratio':>8}{'max rel err':>13}")
     compiles = symfuse.compile_count()
+    results = {n: harness.EngineResult(n, "ok") for n in ("symfuse", "eager")}
+    results["symfuse"].prepare_s, results["eager"].prepare_s = compile_s, 0.0
     for binding in case.sweep:
         inputs = case.inputs(**binding)
         with torch.no_grad():
             ref = case.model(**inputs)
-        out = compiled(**inputs)
-        err = _max_rel_err(out, ref)
-        ours = _median_ms(lambda: compiled(**inputs), args.reps)
+        err = _max_rel_err(compiled(**inputs), ref)
+        k = harness.key(binding)
+        results["symfuse"].times[k] = _times_ms(lambda: compiled(**inputs), args.reps)
         with torch.no_grad():
-            eager = _median_ms(lambda: case.model(**inputs), args.reps)
-        label = ", ".join(f"{k}={v}" for k, v in binding.items())
-        print(f"{label:<22}{ours:>12.2f}{eager:>10.2f}{err:>13.1e}")
-    print(f"\ncompilations during the sweep: {symfuse.compile_count() - compiles} (one compile serves every shape)")
+            results["eager"].times[k] = _times_ms(lambda: case.model(**inputs), args.reps)
+        results["symfuse"].errors[k] = err
+        ours, eager = harness.median(results["symfuse"].times[k]), harness.median(results["eager"].times[k])
+        print(f"{k:<22}{ours:>12.2f}{eager:>10.2f}{ours / eager:>8.2f}{err:>13.1e}")
+    recompiles = symfuse.compile_count() - compiles
+    results["symfuse"].recompiles = recompiles
+    print(f"\ncompilations during the sweep: {recompiles} (one compile serves every shape)")
     for name, limit in case.limits.items():
         try:
             compiled.bind(**case.inputs(**{**case.example, name: limit + 1}))
         except ValueError as e:
             print(f"a call with {name}={limit + 1} is refused before running:\n  {e}")
+    cfg = harness.Config(case.name, list(results), case.sweep, rounds=1, out_dir=args.out)
+    result = {
+        "config": cfg.__dict__, "engines": {n: r.__dict__ for n, r in results.items()},
+        "rows": harness.summarize(results, case.sweep), "profile": None,
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "command": "symfuse " + " ".join(args.argv),
+    }  # fmt: skip
+    paths = report.write(result, args.out)
+    print(f"\nresults: {paths.get('markdown')}; plot: {paths.get('plot', 'not written (matplotlib missing)')}")
+    print("for the comparison with torch.compile, ONNX Runtime and OpenVINO: pip install .[bench]; symfuse bench")
     return 0
 
 
@@ -98,8 +113,8 @@ def cmd_bench(args) -> int:
         sys.stderr.flush()
 
     progress("measuring memory bandwidth and SGEMM")
-    os.makedirs(out_dir, exist_ok=True)
-    physics = harness.measure_physics(os.path.join(out_dir, "worker-physics.log"))
+    os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
+    physics = harness.measure_physics(os.path.join(out_dir, "logs", "physics.log"))
     result = harness.run(cfg, progress=progress)
     result["physics"] = physics
     result["command"] = "symfuse " + shlex.join(args.argv)
@@ -124,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("demo", help="compile a built-in model once and run it at several shapes")
     d.add_argument("--model", default="bert-small")
     d.add_argument("--reps", type=int, default=5, help="timed repetitions per shape (median is shown)")
+    d.add_argument("--out", default=os.path.join("symfuse-results", "demo"), help="where the table and plot go")
     d.set_defaults(fn=cmd_demo)
     e = sub.add_parser("explain", help="show the graph, shape classes and run-time checks of a built-in model")
     e.add_argument("--model", default="bert-small")

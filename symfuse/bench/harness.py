@@ -181,7 +181,8 @@ def summarize(results: dict[str, EngineResult], bindings: list[dict[str, int]]) 
 
 
 def run(cfg: Config, launch: Callable = launch_process, progress: Callable[[str], None] = lambda s: None) -> dict:
-    os.makedirs(cfg.out_dir, exist_ok=True)
+    logs = os.path.join(cfg.out_dir, "logs")
+    os.makedirs(logs, exist_ok=True)
     results = {n: EngineResult(n) for n in cfg.engines}
     workers: dict[str, Worker] = {}
     profile = None
@@ -189,7 +190,7 @@ def run(cfg: Config, launch: Callable = launch_process, progress: Callable[[str]
         for n in cfg.engines:
             progress(f"preparing {n}")
             try:
-                w, first = launch(n, cfg.model, os.path.join(cfg.out_dir, f"worker-{n}.log"))
+                w, first = launch(n, cfg.model, os.path.join(logs, f"{n}.log"))
             except Exception as e:  # noqa: BLE001 - a peer that cannot start is reported
                 first, w = {"status": "failed", "detail": f"{type(e).__name__}: {e}"}, None
             r = results[n]

@@ -80,15 +80,14 @@ def profile_lines(result: dict) -> list[list[str]]:
     for s in p[:15]:
         sec = s["seconds"] or 1e-12
         gbps, gflops = s["bytes"] / sec / 1e9, s["flops"] / sec / 1e9
-        frac = (
-            (
-                f"{gflops / phys['sgemm_gflops']:.0%} of SGEMM"
-                if s["flops"]
-                else f"{gbps / phys['copy_gbps']:.0%} of copy bw"
-            )
-            if phys
-            else "-"
-        )
+        if not s["bytes"] and not s["flops"]:
+            frac = "views only (no data moved)"
+        elif not phys:
+            frac = "-"
+        elif s["flops"]:
+            frac = f"{gflops / phys['sgemm_gflops']:.0%} of SGEMM"
+        else:
+            frac = f"{gbps / phys['copy_gbps']:.0%} of copy bandwidth"
         rows.append(
             [
                 s["op"],

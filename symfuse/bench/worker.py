@@ -67,6 +67,9 @@ def profile_symfuse(compiled, inputs: dict) -> list[dict]:
 
     def on_node(node, ins, outs, seconds):
         out_bytes = sum(t.numel() * t.element_size() for t in outs)
+        storages = {t.untyped_storage().data_ptr() for t in ins if hasattr(t, "untyped_storage")}
+        if all(t.untyped_storage().data_ptr() in storages for t in outs):
+            out_bytes = 0  # a view: nothing was moved
         if ops.get(node.op).kind in (ops.Kind.INJECTIVE, ops.Kind.BROADCAST):
             nbytes = 2 * out_bytes  # a gather or view reads what it writes, not its whole input
         else:

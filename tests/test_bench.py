@@ -1,0 +1,133 @@
+"""The benchmark harness's logic, without timing anything: fake workers answer with
+scripted times, so sweep parsing, missing and failing engines, rotation, medians and
+ratios are checked exactly."""
+
+import json
+import os
+
+import pytest
+
+from symfuse.bench import harness, report
+from symfuse.bench.harness import Config, EngineResult, key, parse_list, parse_sweep, summarize
+from symfuse.cli import main
+
+
+def test_parse_list():
+    assert parse_list("16,33, 64", "seq") == [16, 33, 64]
+    for bad in ["", "a,b", "0,16", "-1"]:
+        with pytest.raises(ValueError, match="--seq takes comma-separated positive integers"):
+            parse_list(bad, "seq")
+
+
+def test_parse_sweep_defaults_and_products():
+    default = [dict(B=1, S=s) for s in (16, 33, 64, 128, 200, 384)]
+    assert parse_sweep("bert-small", {"batch": None, "seq": None}) == default
+    assert parse_sweep("bert-base", {"batch": "1,2", "seq": "8"}) == [dict(B=1, S=8), dict(B=2, S=8)]
+    assert parse_sweep("resnet", {"image": "160,224"}) == [dict(B=1, H=160), dict(B=1, H=224)]
+    assert parse_sweep("vit-base", {}) == [dict(B=b) for b in (1, 2, 4, 8)]
+    with pytest.raises(ValueError, match="--image does not apply to bert-small"):
+        parse_sweep("bert-small", {"image": "224"})
+    with pytest.raises(ValueError, match="no sweep axes known for model 'nope'"):
+        parse_sweep("nope", {})
+
+
+def test_summarize_medians_and_ratio_to_best_peer():
+    b = [dict(B=1, S=16)]
+    k = key(b[0])
+    res = {
+        "symfuse": EngineResult("symfuse", "ok", times={k: [5.0, 1.0, 3.0]}, errors={k: 1e-7}),
+        "eager": EngineResult("eager", "ok", times={k: [8.0, 6.0, 7.0, 9.0]}),
+        "onnxruntime": EngineResult("onnxruntime", "ok", times={k: [4.0, 4.0, 2.0]}),
+        "openvino": EngineResult("openvino", "missing", detail="not installed: openvino"),
+    }
+    rows = {r["engine"]: r for r in summarize(res, b)}
+    assert rows["symfuse"]["median_ms"] == 3.0 and rows["symfuse"]["min_ms"] == 1.0
+    assert rows["eager"]["median_ms"] == 7.5  # even count: mean of the middle two
+    assert rows["onnxruntime"]["ratio_to_best_peer"] == 1.0  # the best peer
+    assert rows["symfuse"]["ratio_to_best_peer"] == pytest.approx(3.0 / 4.0)  # symfuse is not its own peer
+    assert rows["eager"]["ratio_to_best_peer"] == pytest.approx(7.5 / 4.0)
+    assert rows["openvino"]["median_ms"] is None and rows["openvino"]["failure"] == "not installed: openvino"
+
+
+class FakeWorker:
+    def __init__(self, name, script, log):
+        self.name, self.script, self.log, self.closed = name, script, log, False
+
+    def request(self, msg):
+        self.log.append((self.name, msg["cmd"], msg.get("binding")))
+        if msg["cmd"] == "stats":
+            return {"recompiles": 0, "peak_rss_mb": 100.0}
+        return self.script(msg["binding"])
+
+    def close(self):
+        self.closed = True
+
+
+def fake_launcher(log, workers):
+    def launch(engine, model, log_path):
+        if engine == "openvino":
+            return None, {"status": "missing", "detail": "not installed: openvino (pip install .[bench])"}
+        if engine == "onnxruntime":
+            raise RuntimeError("export crashed")
+        if engine == "torch-compile":
+            w = FakeWorker(engine, None, log)
+            workers.append(w)
+            return w, {"status": "failed", "detail": "InductorError: no compiler"}
+        ms = {"symfuse": 2.0, "eager": 4.0}[engine]
+
+        def script(binding):
+            if engine == "eager" and binding["S"] == 33:
+                return {"error": "RuntimeError: out of memory"}
+            return {"times_ms": [ms * binding["S"] / 16] * 3, "err": 1e-6}
+
+        w = FakeWorker(engine, script, log)
+        workers.append(w)
+        return w, {"status": "ready", "prepare_s": 1.5}
+
+    return launch
+
+
+def test_run_reports_missing_and_failing_engines_and_rotates(tmp_path):
+    log, workers = [], []
+    cfg = Config(
+        "bert-small", ["symfuse", "eager", "onnxruntime", "openvino", "torch-compile"],
+        [dict(B=1, S=16), dict(B=1, S=33)], rounds=2, out_dir=str(tmp_path),
+    )  # fmt: skip
+    result = harness.run(cfg, launch=fake_launcher(log, workers))
+    eng = result["engines"]
+    assert eng["openvino"]["status"] == "missing" and "pip install .[bench]" in eng["openvino"]["detail"]
+    assert eng["onnxruntime"]["status"] == "failed" and "export crashed" in eng["onnxruntime"]["detail"]
+    assert eng["torch-compile"]["status"] == "failed"
+    assert eng["symfuse"]["status"] == "ok" and eng["symfuse"]["prepare_s"] == 1.5 and eng["symfuse"]["recompiles"] == 0
+    assert all(w.closed for w in workers)  # failed workers too
+    runs = [(n, b["S"]) for n, cmd, b in log if cmd == "run"]
+    # round 1: symfuse first at each shape; round 2: the order rotates
+    assert runs == [("symfuse", 16), ("eager", 16), ("symfuse", 33), ("eager", 33)] + [
+        ("eager", 16), ("symfuse", 16), ("eager", 33), ("symfuse", 33),
+    ]  # fmt: skip
+    rows = {(r["engine"], r["binding"]["S"]): r for r in result["rows"]}
+    assert rows[("symfuse", 16)]["reps"] == 6 and rows[("symfuse", 16)]["median_ms"] == 2.0
+    assert rows[("eager", 33)]["failure"] == "RuntimeError: out of memory"
+    assert rows[("symfuse", 33)]["ratio_to_best_peer"] is None  # no peer ran at S=33
+    assert rows[("symfuse", 16)]["ratio_to_best_peer"] == 0.5
+
+    result["physics"] = {"copy_gbps": 40.0, "sgemm_gflops": 300.0, "sgemm_n": 2048}
+    text = report.terminal(result)
+    assert "missing: not installed: openvino" in text and "failed: RuntimeError: export crashed" in text
+    assert "2.00 (0.50x)" in text and "copy bandwidth 40.0 GB/s" in text
+    paths = report.write(result, str(tmp_path / "out"))
+    assert json.load(open(paths["json"]))["engines"]["symfuse"]["status"] == "ok"
+    assert "| B=1, S=16 | 2.00 (0.50x) | 4.00 (1.00x) |" in open(paths["markdown"]).read()
+    assert os.path.getsize(paths["plot"]) > 1000
+
+
+def test_a_worker_that_dies_is_a_failure_not_a_crash(tmp_path):
+    w, first = harness.launch_process("no-such-engine", "bert-small", str(tmp_path / "w.log"))
+    w.close()
+    assert first["status"] == "failed" and "worker exited with code 1" in first["detail"]
+    assert "KeyError" in open(tmp_path / "w.log").read()
+
+
+def test_bench_cli_rejects_unknown_engines(capsys):
+    assert main(["bench", "--engines", "symfuse,tvm"]) == 2
+    assert "unknown engine(s) tvm" in capsys.readouterr().err
