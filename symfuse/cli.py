@@ -108,8 +108,12 @@ def cmd_bench(args) -> int:
     )  # fmt: skip
     tty = sys.stderr.isatty()
 
-    def progress(msg: str) -> None:
-        sys.stderr.write(("\r\033[K" if tty else "") + f"[bench] {msg}" + ("" if tty else "\n"))
+    def progress(msg: str, done: int = 0, total: int = 0) -> None:
+        bar = ""
+        if total:
+            filled = round(20 * done / total)
+            bar = f"[{'#' * filled}{'.' * (20 - filled)}] {done}/{total}  "
+        sys.stderr.write(("\r\033[K" if tty else "") + f"[bench] {bar}{msg}" + ("" if tty else "\n"))
         sys.stderr.flush()
 
     progress("measuring memory bandwidth and SGEMM")

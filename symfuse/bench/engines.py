@@ -109,6 +109,9 @@ class OnnxRuntime(Engine):
     name = "onnxruntime"
     requires = ("onnxruntime", "onnxscript")
 
+    def recompiles(self):
+        return 0  # one session serves every shape of the dynamic axes
+
     def prepare(self, case, workdir):
         import onnxruntime as ort
 
@@ -127,6 +130,9 @@ class OnnxRuntime(Engine):
 class OpenVino(Engine):
     name = "openvino"
     requires = ("openvino", "onnxscript")
+
+    def recompiles(self):
+        return 0  # one compiled model serves every shape of the dynamic axes
 
     def prepare(self, case, workdir):
         import openvino as ov

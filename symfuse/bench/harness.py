@@ -180,7 +180,10 @@ def summarize(results: dict[str, EngineResult], bindings: list[dict[str, int]]) 
     return rows
 
 
-def run(cfg: Config, launch: Callable = launch_process, progress: Callable[[str], None] = lambda s: None) -> dict:
+def run(
+    cfg: Config, launch: Callable = launch_process, progress: Callable[..., None] = lambda msg, done=0, total=0: None
+) -> dict:
+    """Run the benchmark; `progress(message, done, total)` is called before each step."""
     logs = os.path.join(cfg.out_dir, "logs")
     os.makedirs(logs, exist_ok=True)
     results = {n: EngineResult(n) for n in cfg.engines}
@@ -209,7 +212,7 @@ def run(cfg: Config, launch: Callable = launch_process, progress: Callable[[str]
             for b in cfg.bindings:
                 for n in order:
                     done += 1
-                    progress(f"round {rnd + 1}/{cfg.rounds}  {n:<24} {key(b):<16} [{done}/{total}]")
+                    progress(f"round {rnd + 1}/{cfg.rounds}  {n:<22} {key(b)}", done, total)
                     ans = workers[n].request(
                         {
                             "cmd": "run",
