@@ -10,6 +10,7 @@ import torch.utils._pytree as pytree
 
 from symfuse.explain import explain as _explain
 from symfuse.frontend import Captured, capture
+from symfuse.ir.verify import verify
 from symfuse.passes import PIPELINE
 from symfuse.reference import ReferenceExecutor
 from symfuse.runtime.guard import make_guard
@@ -99,8 +100,10 @@ def compile(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
     """
     global _compile_count
     captured = capture(model, example_inputs, dynamic)
+    verify(captured.graph)
     for p in PIPELINE:
         captured.graph = p(captured.graph, captured.store)
+        verify(captured.graph)
     _compile_count += 1
     log.info("symfuse: captured %s in %.2fs (%d ops)", captured.graph.name, captured.seconds, len(captured.graph.nodes))
     return CompiledModule(captured)

@@ -81,6 +81,8 @@ defop(
 def _sdpa_shape(ctx, q, k, v, mask, is_causal, scale):
     if min(q.rank, k.rank, v.rank) < 2:
         raise ctx.error("attention operands need rank >= 2")
+    if is_causal and mask is not None:
+        raise ctx.error("attention takes a mask or is_causal, not both (as in torch)")
     ctx.eq(q.shape[-1], k.shape[-1], "attention: query and key share the head dim")
     ctx.eq(k.shape[-2], v.shape[-2], "attention: keys and values share the sequence")
     batch = ctx.broadcast(q.shape[:-2], k.shape[:-2], v.shape[:-2], rule="attention batch and head dims")
