@@ -125,25 +125,15 @@ def _sub_bounds(ctx, a, b):
 
 _BOUNDS = {"add": _add_bounds, "sub": _sub_bounds}
 
-for _name, _fn in _ARITH.items():
+for _name, _fn in {**_ARITH, **_COMPARE}.items():
     defop(
         _name,
         Kind.ELEMENTWISE,
         ("a", "b"),
         shape=broadcast_shape,
-        dtype=promoted,
+        dtype=promoted if _name in _ARITH else fixed_dtype(DType.bool),
         ref=_fn,
         bounds=_BOUNDS.get(_name),
-        constraints=_BROADCAST,
-    )
-for _name, _fn in _COMPARE.items():
-    defop(
-        _name,
-        Kind.ELEMENTWISE,
-        ("a", "b"),
-        shape=broadcast_shape,
-        dtype=fixed_dtype(DType.bool),
-        ref=_fn,
         constraints=_BROADCAST,
     )
 

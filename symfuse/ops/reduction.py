@@ -68,24 +68,16 @@ for _name, _fn in {"amax": torch.amax, "amin": torch.amin}.items():
         ref=lambda x, dims, keepdim, _fn=_fn: _fn(x, _dims(dims) or list(range(x.dim())), keepdim),
     )
 
-defop(
-    "softmax",
-    Kind.REDUCTION,
-    ("x",),
-    ("dim",),
-    shape=same_shape(),
-    dtype=same_dtype(),
-    ref=lambda x, dim: torch.softmax(x, dim),
-)
-defop(
-    "log_softmax",
-    Kind.REDUCTION,
-    ("x",),
-    ("dim",),
-    shape=same_shape(),
-    dtype=same_dtype(),
-    ref=lambda x, dim: torch.log_softmax(x, dim),
-)
+for _name, _fn in {"softmax": torch.softmax, "log_softmax": torch.log_softmax}.items():
+    defop(
+        _name,
+        Kind.REDUCTION,
+        ("x",),
+        ("dim",),
+        shape=same_shape(),
+        dtype=same_dtype(),
+        ref=lambda x, dim, _fn=_fn: _fn(x, dim),
+    )
 defop(
     "cumsum",
     Kind.REDUCTION,
