@@ -147,6 +147,7 @@ class EngineResult:
     times: dict[str, list[float]] = field(default_factory=dict)  # binding key -> all times (ms)
     errors: dict[str, float] = field(default_factory=dict)  # binding key -> max rel error vs eager
     failures: dict[str, str] = field(default_factory=dict)  # binding key -> why it did not run
+    log: str = ""  # the worker's log file
 
 
 def key(binding: dict[str, int]) -> str:
@@ -199,6 +200,7 @@ def run(
             r = results[n]
             r.status = {"ready": "ok"}.get(first.get("status"), first.get("status", "failed"))
             r.detail, r.prepare_s = first.get("detail", ""), first.get("prepare_s")
+            r.log = os.path.join(logs, n + ".log")
             if r.status == "ok":
                 workers[n] = w
             elif w is not None:

@@ -10,12 +10,19 @@ def _fmt(v, spec: str = ".2f", none: str = "-") -> str:
     return none if v is None else format(v, spec)
 
 
+def _status(e: dict) -> str:
+    if e["status"] == "ok":
+        return "ok"
+    text = f"{e['status']}: {e['detail'][:90]}" if e["detail"] else e["status"]
+    return text + (f" (log: {e['log']})" if e["status"] == "failed" and e.get("log") else "")
+
+
 def engine_lines(result: dict) -> list[tuple]:
     out = []
     for n, e in result["engines"].items():
         errs = [v for v in e["errors"].values() if v is not None]
         out.append((
-            n, e["status"] + (f": {e['detail']}" if e["status"] != "ok" and e["detail"] else ""),
+            n, _status(e),
             _fmt(e["prepare_s"]), _fmt(e["recompiles"], "d"), _fmt(e["peak_rss_mb"], ".0f"),
             _fmt(max(errs) if errs else None, ".1e"),
         ))  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import resource
 import sys
 import tempfile
@@ -24,6 +25,12 @@ MARK = "@@symfuse-bench@@ "
 def reply(obj: dict) -> None:
     sys.stdout.write(MARK + json.dumps(obj) + "\n")
     sys.stdout.flush()
+
+
+def short_error(e: BaseException) -> str:
+    """One readable line: type and first line of the message, without terminal colours."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", f"{type(e).__name__}: {e}").strip().splitlines()[0]
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def rel_err(outs: list, refs: list) -> float:
@@ -113,13 +120,8 @@ def main() -> int:
         run = engine.prepare(case, tempfile.mkdtemp(prefix="symfuse-bench-"))
         prepare_s = time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - any failure of a peer is reported, not raised
-        reply(
-            {
-                "status": "failed",
-                "detail": f"{type(e).__name__}: {e}".splitlines()[0][:500],
-                "trace": traceback.format_exc()[-2000:],
-            }
-        )
+        traceback.print_exc()  # the whole story goes to the worker's log
+        reply({"status": "failed", "detail": short_error(e)})
         return 0
     reply({"status": "ready", "prepare_s": prepare_s})
     refs: dict = {}
@@ -151,7 +153,8 @@ def main() -> int:
                 times.append(_timed(lambda: run(inputs)) * 1e3)
             reply({"times_ms": times, "err": err})
         except Exception as e:  # noqa: BLE001
-            reply({"error": f"{type(e).__name__}: {e}".splitlines()[0][:500]})
+            traceback.print_exc()
+            reply({"error": short_error(e)})
     return 0
 
 
