@@ -61,16 +61,29 @@ class ReferenceExecutor:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self._steps = []
-        for n in graph.nodes:
+        # free each intermediate after its last use, as eager PyTorch does: keeping them
+        # all alive makes every call allocate fresh memory
+        last_use: dict[Value, int] = {}
+        for i, n in enumerate(graph.nodes):
+            for v in n.inputs:
+                if v is not None:
+                    last_use[v] = i
+        keep = set(graph.outputs) | set(graph.constants) | set(graph.inputs)
+        dead_after: dict[int, list[Value]] = {}
+        for v, i in last_use.items():
+            if v not in keep:
+                dead_after.setdefault(i, []).append(v)
+        for i, n in enumerate(graph.nodes):
             opdef = ops.get(n.op)
             shapes = _compile_dims([d for v in n.outputs for d in v.type.shape])
-            self._steps.append((n, opdef, _attr_evaluator(dict(n.attrs)), shapes))
+            unused = [v for v in n.outputs if v not in last_use and v not in keep]
+            self._steps.append((n, opdef, _attr_evaluator(dict(n.attrs)), shapes, dead_after.get(i, []) + unused))
 
     def run(self, binding: dict[str, int], inputs: list[torch.Tensor], on_node=None) -> list[torch.Tensor]:
         """Run the graph; `on_node(node, inputs, outputs, seconds)` is called after each op."""
         env: dict[Value, torch.Tensor] = dict(self.graph.constants)
         env.update(zip(self.graph.inputs, inputs))
-        for n, opdef, attrs, shapes in self._steps:
+        for n, opdef, attrs, shapes, dead in self._steps:
             ins = [env[v] if v is not None else None for v in n.inputs]
             t0 = time.perf_counter()
             out = opdef.ref(*opdef.pack(ins), **attrs(binding))
@@ -80,6 +93,8 @@ class ReferenceExecutor:
                 on_node(n, [t for t in ins if t is not None], outs, seconds)
             self._check(n, outs, shapes(binding))
             env.update(zip(n.outputs, outs))
+            for v in dead:
+                del env[v]
         return [env[v] for v in self.graph.outputs]
 
     @staticmethod
