@@ -94,14 +94,39 @@ class TorchCompileFreezing(TorchCompile):
 
 
 def export_onnx(case, path: str) -> list[str]:
-    """Export with dynamic axes (torch.export-based exporter); returns the input names."""
+    """Export with dynamic axes; returns the input names.
+
+    The torch.export-based exporter comes first; where it fails (its decompositions break
+    on some models, T5 among them) the TorchScript exporter is tried, with the same axes.
+    """
+    import sys
+
     from torch.export import Dim
 
     example = case.inputs(**case.example)
     tensors = {k: v for k, v in example.items() if isinstance(v, torch.Tensor)}
     dyn = {k: ({d: Dim.AUTO for d in case.dynamic.get(k, {})} if k in tensors else None) for k in example}
-    prog = torch.onnx.export(case.model, (), kwargs=example, dynamic_shapes=dyn, dynamo=True, verbose=False)
-    prog.save(path)
+    try:
+        prog = torch.onnx.export(case.model, (), kwargs=example, dynamic_shapes=dyn, dynamo=True, verbose=False)
+        prog.save(path)
+    except Exception as first:  # noqa: BLE001
+        print(
+            f"torch.export-based ONNX export failed ({type(first).__name__}); trying the TorchScript exporter",
+            file=sys.stderr,
+        )
+        axes = {
+            k: {d: s if isinstance(s, str) else s.__name__ for d, s in case.dynamic.get(k, {}).items()} for k in tensors
+        }
+        torch.onnx.export(
+            case.model,
+            (),
+            path,
+            kwargs=tensors,
+            input_names=list(tensors),
+            dynamic_axes=axes,
+            dynamo=False,
+            opset_version=17,
+        )
     return list(tensors)
 
 
