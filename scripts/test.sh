@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
-.venv/bin/ruff check symfuse tests
+.venv/bin/ruff check symfuse tests bench
 echo "== tier: unit"
 .venv/bin/python -m pytest -q -m "not models"
 echo "== tier: models"
