@@ -131,3 +131,12 @@ def test_a_worker_that_dies_is_a_failure_not_a_crash(tmp_path):
 def test_bench_cli_rejects_unknown_engines(capsys):
     assert main(["bench", "--engines", "symfuse,tvm"]) == 2
     assert "unknown engine(s) tvm" in capsys.readouterr().err
+
+
+def test_markdown_shows_minimum_and_repetitions():
+    b = [dict(B=1, S=16)]
+    res = {"symfuse": EngineResult("symfuse", "ok", times={key(b[0]): [3.0, 1.5, 2.0]})}
+    result = {"config": {"model": "m", "rounds": 1}, "engines": {n: r.__dict__ for n, r in res.items()},
+              "rows": summarize(res, b), "finished": "now"}  # fmt: skip
+    md = report.markdown(result)
+    assert "| B=1, S=16 | 2.00 |" in md and "| B=1, S=16 | 1.50 (n=3) |" in md

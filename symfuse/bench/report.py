@@ -29,8 +29,9 @@ def engine_lines(result: dict) -> list[tuple]:
     return out
 
 
-def shape_table(result: dict) -> tuple[list[str], list[list[str]]]:
-    """Rows: shapes. Columns: each engine's median ms (ratio to the best peer)."""
+def shape_table(result: dict, stat: str = "median") -> tuple[list[str], list[list[str]]]:
+    """Rows: shapes. Columns: each engine's median ms (ratio to the best peer), or with
+    `stat="min"` each engine's fastest call and repetitions."""
     engines = [n for n, e in result["engines"].items() if e["status"] == "ok"]
     header = ["shape"] + engines
     by_shape: dict[str, dict[str, dict]] = {}
@@ -44,6 +45,8 @@ def shape_table(result: dict) -> tuple[list[str], list[list[str]]]:
             c = cells.get(n, {})
             if c.get("median_ms") is None:
                 row.append("failed" if c.get("failure") else "-")
+            elif stat == "min":
+                row.append(f"{c['min_ms']:.2f} (n={c['reps']})")
             else:
                 row.append(
                     f"{c['median_ms']:.2f} ({c['ratio_to_best_peer']:.2f}x)"
@@ -134,7 +137,8 @@ def markdown(result: dict) -> str:
         f"## {cfg['model']}", "", f"Command: `{result.get('command', '')}`", "",
         f"Finished {result['finished']}; {cfg['rounds']} rounds, engines alternating, each in its own process. "
         "Cells: median ms (ratio to the best peer).", "",
-        _md_table(*shape_table(result)), "", _md_table(ENGINE_HEADER, engine_lines(result)), "",
+        _md_table(*shape_table(result)), "", "Fastest call in ms (number of timed calls):", "",
+        _md_table(*shape_table(result, "min")), "", _md_table(ENGINE_HEADER, engine_lines(result)), "",
         physics_text(result.get("physics", {})),
     ]  # fmt: skip
     prof = profile_lines(result)
