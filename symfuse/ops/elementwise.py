@@ -22,6 +22,7 @@ from symfuse.ops.registry import (
     same_dtype,
     same_shape,
 )
+from symfuse.te.rules import arange_rule, batch_norm_rule, cast_rule, full_rule, pointwise
 
 # -- unary ---------------------------------------------------------------------------
 
@@ -46,11 +47,19 @@ _SAME_UNARY = {
 }
 
 for _name, _fn in _FLOAT_UNARY.items():
-    defop(_name, Kind.ELEMENTWISE, ("x",), shape=same_shape(), dtype=float_promoted, ref=_fn)
+    defop(_name, Kind.ELEMENTWISE, ("x",), shape=same_shape(), dtype=float_promoted, ref=_fn, lower=pointwise(_name))
 for _name, _fn in _SAME_UNARY.items():
-    defop(_name, Kind.ELEMENTWISE, ("x",), shape=same_shape(), dtype=same_dtype(), ref=_fn)
+    defop(_name, Kind.ELEMENTWISE, ("x",), shape=same_shape(), dtype=same_dtype(), ref=_fn, lower=pointwise(_name))
 
-defop("logical_not", Kind.ELEMENTWISE, ("x",), shape=same_shape(), dtype=fixed_dtype(DType.bool), ref=torch.logical_not)
+defop(
+    "logical_not",
+    Kind.ELEMENTWISE,
+    ("x",),
+    shape=same_shape(),
+    dtype=fixed_dtype(DType.bool),
+    ref=torch.logical_not,
+    lower=pointwise("logical_not"),
+)
 defop(
     "gelu",
     Kind.ELEMENTWISE,
@@ -59,6 +68,7 @@ defop(
     shape=same_shape(),
     dtype=same_dtype(),
     ref=lambda x, approximate: F.gelu(x, approximate=approximate),
+    lower=pointwise("gelu"),
     doc="approximate is 'none' (erf) or 'tanh'",
 )
 defop(
@@ -69,6 +79,7 @@ defop(
     shape=same_shape(),
     dtype=lambda x, exponent: x.dtype if (x.dtype.is_float or isinstance(exponent, int)) else DType.float32,
     ref=lambda x, exponent: torch.pow(x, exponent),
+    lower=pointwise("pow_scalar"),
 )
 defop(
     "clamp",
@@ -78,6 +89,7 @@ defop(
     shape=same_shape(),
     dtype=same_dtype(),
     ref=lambda x, min, max: torch.clamp(x, min, max),
+    lower=pointwise("clamp"),
 )
 defop(
     "cast",
@@ -87,6 +99,7 @@ defop(
     shape=same_shape(),
     dtype=lambda x, dtype: dtype,
     ref=lambda x, dtype: x.to(dtype.torch),
+    lower=cast_rule,
     bounds=lambda ctx, b, dtype: b if not dtype.is_float else None,
 )
 
@@ -134,6 +147,7 @@ for _name, _fn in {**_ARITH, **_COMPARE}.items():
         dtype=promoted if _name in _ARITH else fixed_dtype(DType.bool),
         ref=_fn,
         bounds=_BOUNDS.get(_name),
+        lower=pointwise(_name),
         constraints=_BROADCAST,
     )
 
@@ -145,6 +159,7 @@ defop(
     shape=broadcast_shape,
     dtype=lambda a, b, rounding_mode: float_promoted(a, b) if rounding_mode is None else promoted(a, b),
     ref=lambda a, b, rounding_mode: torch.div(a, b, rounding_mode=rounding_mode),
+    lower=pointwise("div"),
     constraints=_BROADCAST,
 )
 defop(
@@ -154,6 +169,7 @@ defop(
     shape=broadcast_shape,
     dtype=lambda cond, a, b: promoted(a, b),
     ref=torch.where,
+    lower=pointwise("where"),
     constraints=_BROADCAST,
 )
 
@@ -175,6 +191,7 @@ defop(
     shape=lambda ctx, x, w, b, mean, var, eps: _batch_norm_shape(ctx, x, w, b, mean, var),
     dtype=same_dtype(),
     ref=lambda x, w, b, mean, var, eps: F.batch_norm(x, mean, var, w, b, False, 0.0, eps),
+    lower=batch_norm_rule,
     constraints="x.shape[1] equals the length of every statistic",
     doc="inference-mode batch norm: a per-channel affine map",
 )
@@ -194,6 +211,7 @@ defop(
     shape=lambda ctx, shape, value, dtype: tuple(shape),
     dtype=lambda shape, value, dtype: dtype,
     ref=lambda shape, value, dtype: torch.full(tuple(shape), value, dtype=dtype.torch),
+    lower=full_rule,
     bounds=_full_bounds,
     doc="a tensor filled with one value; 0-d `full` nodes are a model's scalars",
 )
@@ -215,5 +233,6 @@ defop(
     shape=_arange_shape,
     dtype=lambda start, end, step, dtype: dtype,
     ref=lambda start, end, step, dtype: torch.arange(start, end, step, dtype=dtype.torch),
+    lower=arange_rule,
     bounds=lambda ctx, start, end, step, dtype: (dim(start), dim(end) - 1) if step == 1 else None,
 )

@@ -14,6 +14,16 @@ from symfuse.ir.dims import Dim, ceildiv, dmax, dmin, exact_quotient, floordiv, 
 from symfuse.ir.dims import dim as as_dim
 from symfuse.ops.registry import Kind, defop, same_dtype
 from symfuse.shape.store import Tri
+from symfuse.te.rules import (
+    cat_rule,
+    embedding_rule,
+    expand_rule,
+    gather_rule,
+    permute_rule,
+    reshape_rule,
+    select_rule,
+    slice_rule,
+)
 
 INT_MAX = 2**62  # slice ends at or past this are "to the end" (torch.export writes 2**63 - 1)
 
@@ -48,6 +58,7 @@ defop(
     shape=_reshape_shape,
     dtype=same_dtype(),
     ref=lambda x, shape: x.reshape(shape),
+    lower=reshape_rule,
     bounds=_pass_bounds,
     constraints="numel(out) == numel(x); a -1 is solved from the element count",
 )
@@ -67,6 +78,7 @@ defop(
     shape=_permute_shape,
     dtype=same_dtype(),
     ref=lambda x, dims: x.permute(dims),
+    lower=permute_rule,
     bounds=_pass_bounds,
 )
 
@@ -98,6 +110,7 @@ defop(
     shape=_expand_shape,
     dtype=same_dtype(),
     ref=lambda x, sizes: x.expand(sizes),
+    lower=expand_rule,
     bounds=_pass_bounds,
     constraints="a dim that is not statically 1 equals its target size",
 )
@@ -134,6 +147,7 @@ defop(
     shape=lambda ctx, x, dim, start, end, step: _slice_shape(ctx, x, dim, start, end, step),
     dtype=same_dtype(),
     ref=_slice_ref,
+    lower=slice_rule,
     bounds=_pass_bounds,
     constraints="none: bounds clamp as in Python, giving min/max expressions",
 )
@@ -154,6 +168,7 @@ defop(
     shape=_select_shape,
     dtype=same_dtype(),
     ref=lambda x, dim, index: x.select(dim, index),
+    lower=select_rule,
     bounds=_pass_bounds,
     constraints="the index is inside the dim",
 )
@@ -191,6 +206,7 @@ defop(
     shape=_cat_shape,
     dtype=lambda xs, dim: xs[0].dtype,
     ref=lambda xs, dim: torch.cat(xs, dim),
+    lower=cat_rule,
     bounds=_cat_bounds,
     constraints="every dim but the concat dim is equal across inputs",
 )
@@ -214,6 +230,7 @@ defop(
     shape=_gather_shape,
     dtype=same_dtype(),
     ref=lambda x, index, dim: torch.gather(x, dim, index),
+    lower=gather_rule,
     bounds=_pass_bounds,
     constraints="index dims fit the input's, except along dim",
 )
@@ -235,6 +252,7 @@ defop(
     shape=_embedding_shape,
     dtype=same_dtype(),
     ref=lambda weight, indices: F.embedding(indices, weight),
+    lower=embedding_rule,
     constraints="when the indices' largest value is known (an arange of S), it is below the table's rows",
 )
 

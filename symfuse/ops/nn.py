@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from symfuse.ops.reduction import _pool_out as pool_out
 from symfuse.ops.registry import Kind, defop, promoted, same_dtype
+from symfuse.te.rules import linear_rule, matmul_rule
 
 
 def _linear_shape(ctx, x, weight, bias):
@@ -29,6 +30,7 @@ defop(
     shape=_linear_shape,
     dtype=same_dtype(),
     ref=lambda x, weight, bias: F.linear(x, weight, bias),
+    lower=linear_rule,
     constraints="x[..., K] with weight[N, K]; bias[N]",
 )
 
@@ -48,6 +50,7 @@ defop(
     shape=_matmul_shape,
     dtype=promoted,
     ref=torch.matmul,
+    lower=matmul_rule,
     constraints="a[..., M, K] @ b[..., K, N]; batch dims broadcast",
 )
 

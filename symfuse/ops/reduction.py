@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from symfuse.ir.dims import dim, floordiv
 from symfuse.ir.dtypes import DType
 from symfuse.ops.registry import Kind, defop, same_dtype, same_shape
+from symfuse.te.rules import layer_norm_rule, reduce_rule, softmax_rule
 
 
 def _reduce_shape(ctx, x, dims, keepdim, **_):
@@ -47,6 +48,7 @@ defop(
     shape=_reduce_shape,
     dtype=_sum_dtype,
     ref=lambda x, dims, keepdim, dtype: torch.sum(x, _dims(dims) or list(range(x.dim())), keepdim, dtype=_td(dtype)),
+    lower=reduce_rule("sum"),
 )
 defop(
     "mean",
@@ -56,6 +58,7 @@ defop(
     shape=_reduce_shape,
     dtype=_mean_dtype,
     ref=lambda x, dims, keepdim, dtype: torch.mean(x, _dims(dims) or list(range(x.dim())), keepdim, dtype=_td(dtype)),
+    lower=reduce_rule("sum", mean=True),
 )
 for _name, _fn in {"amax": torch.amax, "amin": torch.amin}.items():
     defop(
@@ -66,6 +69,7 @@ for _name, _fn in {"amax": torch.amax, "amin": torch.amin}.items():
         shape=_reduce_shape,
         dtype=same_dtype(),
         ref=lambda x, dims, keepdim, _fn=_fn: _fn(x, _dims(dims) or list(range(x.dim())), keepdim),
+        lower=reduce_rule(_name[1:]),
     )
 
 for _name, _fn in {"softmax": torch.softmax, "log_softmax": torch.log_softmax}.items():
@@ -77,6 +81,7 @@ for _name, _fn in {"softmax": torch.softmax, "log_softmax": torch.log_softmax}.i
         shape=same_shape(),
         dtype=same_dtype(),
         ref=lambda x, dim, _fn=_fn: _fn(x, dim),
+        lower=softmax_rule if _name == "softmax" else None,
     )
 defop(
     "cumsum",
@@ -111,6 +116,7 @@ defop(
     shape=_layer_norm_shape,
     dtype=same_dtype(),
     ref=lambda x, weight, bias, normalized_shape, eps: F.layer_norm(x, list(normalized_shape), weight, bias, eps),
+    lower=layer_norm_rule,
     constraints="the trailing dims equal normalized_shape, as do weight and bias",
 )
 

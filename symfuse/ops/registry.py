@@ -45,6 +45,7 @@ class OpDef:
     dtype: Callable[..., Any]
     ref: Callable[..., Any]
     bounds: Callable[..., Any] | None = None
+    lower: Callable[..., Any] | None = None  # TE lowering rule (symfuse.te.rules); None: opaque
     constraints: str = ""
     doc: str = ""
 
@@ -74,10 +75,12 @@ class OpDef:
 REGISTRY: dict[str, OpDef] = {}
 
 
-def defop(name: str, kind: Kind, inputs, attrs=(), *, shape, dtype, ref, bounds=None, constraints="", doc="") -> OpDef:
+def defop(
+    name: str, kind: Kind, inputs, attrs=(), *, shape, dtype, ref, bounds=None, lower=None, constraints="", doc=""
+) -> OpDef:
     if name in REGISTRY:
         raise ValueError(f"op {name} is registered twice")
-    REGISTRY[name] = OpDef(name, kind, tuple(inputs), tuple(attrs), shape, dtype, ref, bounds, constraints, doc)
+    REGISTRY[name] = OpDef(name, kind, tuple(inputs), tuple(attrs), shape, dtype, ref, bounds, lower, constraints, doc)
     return REGISTRY[name]
 
 

@@ -1,0 +1,107 @@
+"""Tensor expressions: each tensor as a compute rule over a symbolic iteration domain.
+
+A `TE` defines every element of one tensor: `out[axes] = body`, where `axes` are loop
+variables (sympy symbols `i0, i1, ...`) ranging over the tensor's symbolic shape and
+`body` is a scalar expression. Scalars are loads (`Load(tensor, index)`, the index a tuple
+of sympy expressions over loop variables and shape symbols, or of scalars for a gather),
+constants, calls of scalar functions, the value of an index expression (`Index`), and
+reductions over extra axes (`Reduce`). Layout ops leave no TE of their own once their
+index maps are composed into the loads that read them (Souffle's vertical composition).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from symfuse.ir.dims import Dim, fmt
+from symfuse.ir.dtypes import DType
+
+
+@dataclass(frozen=True)
+class Load:
+    tensor: str
+    index: tuple  # of sympy expressions, or Scalar for data-dependent (gather) indices
+
+
+@dataclass(frozen=True)
+class Const:
+    value: float | int | bool
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Index:
+    """The value of an integer index expression (an arange's elements)."""
+
+    expr: sympy.Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Call:
+    fn: str
+    args: tuple
+    dtype: DType
+    params: tuple = ()  # non-tensor parameters as (name, value): gelu's approximate
+
+
+@dataclass(frozen=True)
+class Reduce:
+    op: str  # sum | max | min
+    body: Scalar
+    axes: tuple[tuple[sympy.Symbol, Dim], ...]  # (variable, extent)
+    dtype: DType
+
+
+Scalar = Load | Const | Index | Call | Reduce
+
+
+@dataclass(frozen=True)
+class TE:
+    name: str
+    shape: tuple[Dim, ...]
+    dtype: DType
+    axes: tuple[sympy.Symbol, ...]
+    body: Scalar
+    origin: str = ""  # the graph node it came from
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """A node with no TE lowering: it runs through its torch reference."""
+
+    name: str
+    op: str
+    origin: str
+
+
+def axis(i: int) -> sympy.Symbol:
+    return sympy.Symbol(f"i{i}", integer=True, nonnegative=True)
+
+
+def reduce_axis(name: str, i: int) -> sympy.Symbol:
+    return sympy.Symbol(f"r{i}_{name}", integer=True, nonnegative=True)
+
+
+def fmt_scalar(s: Scalar) -> str:
+    if isinstance(s, Load):
+        return f"{s.tensor}[{', '.join(fmt_scalar(i) if not isinstance(i, sympy.Expr) else fmt(i) for i in s.index)}]"
+    if isinstance(s, Const):
+        return repr(s.value)
+    if isinstance(s, Index):
+        return fmt(s.expr)
+    if isinstance(s, Call):
+        params = [f"{k}={v!r}" for k, v in s.params]
+        return f"{s.fn}({', '.join([fmt_scalar(a) for a in s.args] + params)})"
+    axes = ", ".join(f"{a.name} < {fmt(e)}" for a, e in s.axes)
+    return f"{s.op}({fmt_scalar(s.body)} for {axes})"
+
+
+def fmt_te(t: TE | Opaque) -> str:
+    if isinstance(t, Opaque):
+        return f"{t.name} = torch reference of {t.op}  # {t.origin}"
+    idx = ", ".join(a.name for a in t.axes)
+    dom = ", ".join(f"{a.name} < {fmt(d)}" for a, d in zip(t.axes, t.shape))
+    return f"{t.name}[{idx}] = {fmt_scalar(t.body)}   for {dom}"

@@ -1,0 +1,297 @@
+"""Lowering rules shared by the registry's ops, and the index arithmetic they need.
+
+A rule is called as `rule(lw, node, *input_accessors, **attrs)` and returns the output's
+accessor. Index maps are sympy expressions over the output's loop variables, so a
+permute, a slice and a reshape collapse into one load (vertical composition).
+"""
+
+from __future__ import annotations
+
+import math
+
+import sympy
+
+from symfuse.ir.dims import Dim, dim, floordiv, mod
+from symfuse.ir.dtypes import DType
+from symfuse.te.ir import Call, Const, Index, Reduce, reduce_axis
+
+# -- index helpers ---------------------------------------------------------------------
+
+
+def broadcast_index(idx: tuple, in_shape: tuple[Dim, ...]) -> tuple:
+    """The index into an operand broadcast to the output: right-aligned, 1-dims read 0."""
+    tail = idx[len(idx) - len(in_shape) :] if in_shape else ()
+    return tuple(sympy.Integer(0) if d == 1 else i for i, d in zip(tail, in_shape))
+
+
+def linear_index(idx: tuple, shape: tuple[Dim, ...]) -> sympy.Expr:
+    flat = sympy.Integer(0)
+    for i, d in zip(idx, shape):
+        flat = flat * d + i
+    return flat
+
+
+def delinearize(flat: sympy.Expr, shape: tuple[Dim, ...]) -> tuple:
+    """Coordinates of a flat index; the outermost needs no mod (flat < numel)."""
+    out, stride = [], sympy.Integer(1)
+    for k in range(len(shape) - 1, -1, -1):
+        d = shape[k]
+        q = floordiv(flat, stride)
+        out.append(sympy.Integer(0) if d == 1 else (q if k == 0 else mod(q, d)))
+        stride = stride * d
+    return tuple(reversed(out))
+
+
+def reshape_index(idx: tuple, out_shape: tuple[Dim, ...], in_shape: tuple[Dim, ...]) -> tuple:
+    """Map an output index of a reshape to its input index. Leading and trailing dims the
+    two shapes share map one to one; only the block between is linearised."""
+    lead = 0
+    while lead < min(len(out_shape), len(in_shape)) and out_shape[lead] == in_shape[lead]:
+        lead += 1
+    trail = 0
+    while (
+        trail < min(len(out_shape), len(in_shape)) - lead
+        and out_shape[len(out_shape) - 1 - trail] == in_shape[len(in_shape) - 1 - trail]
+    ):
+        trail += 1
+    mid_out = out_shape[lead : len(out_shape) - trail]
+    mid_in = in_shape[lead : len(in_shape) - trail]
+    mid_idx = idx[lead : len(idx) - trail]
+    out_nz = [(i, d) for i, d in zip(mid_idx, mid_out) if d != 1]
+    if [d for _, d in out_nz] == [d for d in mid_in if d != 1]:  # only unit dims come or go
+        it = iter(i for i, _ in out_nz)
+        mapped = tuple(next(it) if d != 1 else sympy.Integer(0) for d in mid_in)
+    else:
+        mapped = delinearize(linear_index(mid_idx, mid_out), mid_in)
+    return tuple(idx[:lead]) + mapped + tuple(idx[len(idx) - trail :])
+
+
+# -- rules -------------------------------------------------------------------------------
+
+
+def pointwise(fn: str):
+    """An element-wise op: `fn` of the operands, each read through broadcasting."""
+
+    def rule(lw, node, *ins, **attrs):
+        shapes = [v.type.shape for v in node.inputs]
+        dt = node.out.type.dtype
+        params = tuple(attrs.items())
+
+        def body(idx):
+            return Call(fn, tuple(a(broadcast_index(idx, s)) for a, s in zip(ins, shapes)), dt, params)
+
+        return body
+
+    return rule
+
+
+def cast_rule(lw, node, x, dtype):
+    return lambda idx: Call("cast", (x(idx),), dtype)
+
+
+def full_rule(lw, node, shape, value, dtype):
+    v = value if not isinstance(value, sympy.Expr) else value
+    return lambda idx: Const(v, dtype) if not isinstance(v, sympy.Expr) else Index(v, dtype)
+
+
+def arange_rule(lw, node, start, end, step, dtype):
+    return lambda idx: Index(dim(start) + step * idx[0], dtype)
+
+
+def reshape_rule(lw, node, x, shape):
+    out_shape, in_shape = node.out.type.shape, node.inputs[0].type.shape
+    return lambda idx: x(reshape_index(idx, out_shape, in_shape))
+
+
+def permute_rule(lw, node, x, dims):
+    inverse = [0] * len(dims)
+    for o, d in enumerate(dims):
+        inverse[d % len(dims)] = o
+    return lambda idx: x(tuple(idx[inverse[k]] for k in range(len(dims))))
+
+
+def expand_rule(lw, node, x, sizes):
+    return lambda idx: x(broadcast_index(idx, node.inputs[0].type.shape))
+
+
+def slice_rule(lw, node, x, dim, start, end, step):
+    k = dim % node.out.type.rank
+    d = node.inputs[0].type.shape[k]
+    lo = dim_start(start, d)
+    return lambda idx: x(idx[:k] + (lo + step * idx[k],) + idx[k + 1 :])
+
+
+def dim_start(start, d: Dim) -> Dim:
+    s = dim(start)
+    return sympy.Max(d + s, 0) if (s.is_Integer and s < 0) else sympy.Min(s, d)
+
+
+def select_rule(lw, node, x, dim, index):
+    k = dim % node.inputs[0].type.rank
+    d = node.inputs[0].type.shape[k]
+    i = d + index if index < 0 else sympy.Integer(index)
+    return lambda idx: x(idx[:k] + (i,) + idx[k:])
+
+
+def cat_rule(lw, node, xs, dim):
+    k = dim % node.out.type.rank
+    dt = node.out.type.dtype
+    parts = [(a, v.type.shape[k]) for a, v in zip(xs, node.inputs)]
+
+    def body(idx):
+        offsets, off = [], sympy.Integer(0)
+        for _, n in parts:
+            offsets.append(off)
+            off = off + n
+        # the last part first, then wrap earlier ones in where(i < end, ...)
+        acc, n_last = parts[-1]
+        expr = acc(idx[:k] + (idx[k] - offsets[-1],) + idx[k + 1 :])
+        for (a, n), o in reversed(list(zip(parts[:-1], offsets[:-1]))):
+            cond = Call("lt", (Index(idx[k], DType.int64), Index(o + n, DType.int64)), DType.bool)
+            expr = Call("where", (cond, a(idx[:k] + (idx[k] - o,) + idx[k + 1 :]), expr), dt)
+        return expr
+
+    return body
+
+
+def gather_rule(lw, node, x, index, dim):
+    k = dim % node.out.type.rank
+    return lambda idx: x(idx[:k] + (index(idx),) + idx[k + 1 :])
+
+
+def embedding_rule(lw, node, weight, indices):
+    return lambda idx: weight((indices(idx[:-1]), idx[-1]))
+
+
+def _reduced(node, dims):
+    x = node.inputs[0].type
+    return sorted({d % x.rank for d in dims} if dims else set(range(x.rank)))
+
+
+def reduce_rule(op: str, mean: bool = False):
+    def rule(lw, node, x, dims, keepdim, dtype=None):
+        in_shape = node.inputs[0].type.shape
+        ks = _reduced(node, dims)
+        dt = node.out.type.dtype
+        name = node.out.name
+
+        def body(idx):
+            raxes = tuple((reduce_axis(name, j), in_shape[j]) for j in ks)
+            it, full = iter(raxes), []
+            out_it = iter(idx)
+            for j in range(len(in_shape)):
+                if j in ks:
+                    full.append(next(it)[0])
+                    if keepdim:
+                        next(out_it)
+                else:
+                    full.append(next(out_it))
+            r = Reduce(op, Call("cast", (x(tuple(full)),), dt), raxes, dt)
+            if mean:
+                count = math.prod(in_shape[j] for j in ks)
+                return Call("div", (r, Index(count, DType.int64)), dt)
+            return r
+
+        return body
+
+    return rule
+
+
+def softmax_rule(lw, node, x, dim):
+    shape, dt = node.out.type.shape, node.out.type.dtype
+    k = dim % len(shape)
+    name = node.out.name
+    row = shape[:k] + (sympy.Integer(1),) + shape[k + 1 :]
+
+    def along(idx, j):
+        return idx[:k] + (j,) + idx[k + 1 :]
+
+    r = reduce_axis(name, 0)
+    top = lw.te(f"{name}_max", row, dt, lambda idx: Reduce("max", x(along(idx, r)), ((r, shape[k]),), dt), aux=True)
+    zero = sympy.Integer(0)
+
+    def shifted_exp(idx):
+        return Call("exp", (Call("sub", (x(idx), top(along(idx, zero))), dt),), dt)
+
+    total = lw.te(
+        f"{name}_sum", row, dt, lambda idx: Reduce("sum", shifted_exp(along(idx, r)), ((r, shape[k]),), dt), aux=True
+    )
+    return lambda idx: Call("div", (shifted_exp(idx), total(along(idx, zero))), dt)
+
+
+def layer_norm_rule(lw, node, x, weight, bias, normalized_shape, eps):
+    shape, dt = node.out.type.shape, node.out.type.dtype
+    n = len(normalized_shape)
+    name = node.out.name
+    lead = len(shape) - n
+    row = shape[:lead] + (sympy.Integer(1),) * n
+    count = Index(math.prod(shape[lead:]), DType.int64)
+    rs = tuple((reduce_axis(name, j), shape[lead + j]) for j in range(n))
+
+    def over(idx):
+        return idx[:lead] + tuple(a for a, _ in rs)
+
+    zeros = (sympy.Integer(0),) * n
+    mean = lw.te(
+        f"{name}_mean", row, dt, lambda idx: Call("div", (Reduce("sum", x(over(idx)), rs, dt), count), dt), aux=True
+    )
+
+    def centered(idx):
+        return Call("sub", (x(idx), mean(idx[:lead] + zeros)), dt)
+
+    var = lw.te(
+        f"{name}_var", row, dt,
+        lambda idx: Call("div", (Reduce("sum", Call("mul", (centered(over(idx)),) * 2, dt), rs, dt), count), dt),
+        aux=True,
+    )  # fmt: skip
+
+    def body(idx):
+        inv = Call("rsqrt", (Call("add", (var(idx[:lead] + zeros), Const(eps, dt)), dt),), dt)
+        y = Call("mul", (centered(idx), inv), dt)
+        if weight is not None:
+            y = Call("mul", (y, weight(idx[lead:])), dt)
+        if bias is not None:
+            y = Call("add", (y, bias(idx[lead:])), dt)
+        return y
+
+    return body
+
+
+def linear_rule(lw, node, x, weight, bias):
+    k_extent = node.inputs[1].type.shape[1]
+    dt = node.out.type.dtype
+    r = reduce_axis(node.out.name, 0)
+
+    def body(idx):
+        acc = Reduce("sum", Call("mul", (x(idx[:-1] + (r,)), weight((idx[-1], r))), dt), ((r, k_extent),), dt)
+        return Call("add", (acc, bias((idx[-1],))), dt) if bias is not None else acc
+
+    return body
+
+
+def matmul_rule(lw, node, a, b):
+    sa, sb = node.inputs[0].type.shape, node.inputs[1].type.shape
+    dt = node.out.type.dtype
+    r = reduce_axis(node.out.name, 0)
+
+    def body(idx):
+        batch = idx[:-2]
+        ia = broadcast_index(batch + (idx[-2], r), sa)
+        ib = broadcast_index(batch + (r, idx[-1]), sb)
+        return Reduce("sum", Call("mul", (a(ia), b(ib)), dt), ((r, sa[-1]),), dt)
+
+    return body
+
+
+def batch_norm_rule(lw, node, x, weight, bias, mean, var, eps):
+    dt = node.out.type.dtype
+
+    def body(idx):
+        c = (idx[1],)
+        inv = Call("rsqrt", (Call("add", (var(c), Const(eps, dt)), dt),), dt)
+        y = Call("mul", (Call("sub", (x(idx), mean(c)), dt), inv), dt)
+        if weight is not None:
+            y = Call("mul", (y, weight(c)), dt)
+        return Call("add", (y, bias(c)), dt) if bias is not None else y
+
+    return body
