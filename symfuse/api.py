@@ -81,8 +81,15 @@ class CompiledModule:
             outs = self._executor.run(binding, tensors, on_node=on_node)
         return pytree.tree_unflatten(outs, self.captured.out_spec)
 
-    def explain(self, *, with_graph: bool = True) -> str:
-        return _explain(self.graph, self.store, backend=self.backend, notes=self.captured.notes, with_graph=with_graph)
+    def explain(self, *, with_graph: bool = True, with_te: bool = False) -> str:
+        return _explain(
+            self.graph,
+            self.store,
+            backend=self.backend,
+            notes=self.captured.notes,
+            with_graph=with_graph,
+            with_te=with_te,
+        )
 
     def __repr__(self) -> str:
         return f"<symfuse.CompiledModule {self.graph.name} symbols={self.symbols} backend='{self.backend}'>"

@@ -86,7 +86,7 @@ def cmd_explain(args) -> int:
 
     case = load(args.model)
     compiled = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic)
-    print(compiled.explain(with_graph=not args.no_graph))
+    print(compiled.explain(with_graph=not args.no_graph, with_te=args.te))
     return 0
 
 
@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("explain", help="show the graph, shape classes and run-time checks of a built-in model")
     e.add_argument("--model", default="bert-small")
     e.add_argument("--no-graph", action="store_true", help="leave out the graph listing")
+    e.add_argument("--te", action="store_true", help="also list the tensor-expression program")
     e.set_defaults(fn=cmd_explain)
     b = sub.add_parser("bench", help="compare symfuse with eager, torch.compile, ONNX Runtime and OpenVINO")
     b.add_argument("--model", default="bert-small")

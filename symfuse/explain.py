@@ -15,7 +15,15 @@ from symfuse.ir.graph import Graph, print_graph
 from symfuse.shape.store import ShapeStore
 
 
-def explain(graph: Graph, store: ShapeStore, *, backend: str, notes: list[str] = (), with_graph: bool = True) -> str:
+def explain(
+    graph: Graph,
+    store: ShapeStore,
+    *,
+    backend: str,
+    notes: list[str] = (),
+    with_graph: bool = True,
+    with_te: bool = False,
+) -> str:
     out = [f"symfuse: {graph.name}", f"  backend: {backend}"]
     out += [f"  note: {n}" for n in notes]
     ops = Counter(n.op for n in graph.nodes)
@@ -52,7 +60,23 @@ def explain(graph: Graph, store: ShapeStore, *, backend: str, notes: list[str] =
     out.append(f"\nchecked on every call ({len(checks)} facts beyond input ranks, dtypes and static dims):")
     for f in checks:
         out.append(f"  {f.text()}  <- {f.origin}")
+    out += _te_section(graph, with_te)
     if with_graph:
         out.append("\ngraph:")
         out.append(print_graph(graph, with_constants=False))
     return "\n".join(out)
+
+
+def _te_section(graph: Graph, with_program: bool) -> list[str]:
+    from symfuse.te.analysis import analyse
+    from symfuse.te.ir import Opaque
+    from symfuse.te.lower import lower
+
+    prog = lower(graph)
+    out = ["\ntensor expressions (layout ops composed into loads):", "  " + analyse(prog).summary()]
+    opaque = Counter(t.op for t in prog.items if isinstance(t, Opaque))
+    if opaque:
+        out.append("  no TE lowering yet, run through torch: " + ", ".join(f"{k} x{v}" for k, v in opaque.items()))
+    if with_program:
+        out += ["  " + line for line in str(prog).splitlines()]
+    return out

@@ -21,3 +21,12 @@ def test_explain_command_shows_symbols_classes_and_checks(capsys):
 def test_unknown_model_is_a_clear_error(capsys):
     assert main(["explain", "--model", "nope"]) == 2
     assert "unknown model 'nope'" in capsys.readouterr().err
+
+
+def test_explain_lists_tensor_expressions(capsys):
+    assert main(["explain", "--model", "resnet", "--no-graph", "--te"]) == 0
+    out = capsys.readouterr().out
+    assert "tensor expressions (layout ops composed into loads):" in out
+    opaque = "conv2d x4, max_pool2d x1, avg_pool2d x1, adaptive_avg_pool2d x1"
+    assert f"no TE lowering yet, run through torch: {opaque}" in out
+    assert "relu[i0, i1, i2, i3] = relu(_native_batch_norm_legit_no_training[i0, i1, i2, i3])   for i0 < B" in out

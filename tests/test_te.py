@@ -82,3 +82,27 @@ def test_models_through_te_interpreter(name):
         got = run_program(prog, bound, tensors)
         for a, w in zip(got, want):
             assert torch.allclose(a, w, rtol=1e-4, atol=1e-4), (binding, (a - w).abs().max())
+
+
+def test_analysis_classifies_bert():
+    import symfuse
+    from symfuse.models import load
+    from symfuse.te.analysis import GATHER, MANY, ONE, analyse
+
+    case = load("bert-small")
+    c = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic)
+    prog = lower(c.graph)
+    a = analyse(prog)
+    linears = [n.out.name for n in c.graph.nodes if n.op == "linear"]
+    assert all(a.kind[name] == "compute-intensive" for name in linears)
+    matmuls = [n for n in c.graph.nodes if n.op == "matmul"]  # two per attention layer
+    assert sum(k == "compute-intensive" for k in a.kind.values()) == len(linears) + len(matmuls)
+    ln = next(n.out.name for n in c.graph.nodes if n.op == "layer_norm")
+    assert a.kind[ln] == "memory-intensive"
+    assert a.edges[(f"{ln}_mean", ln)] == ONE  # the row statistic is read element by element
+    (producer,) = [p for p, q in a.edges if q == f"{ln}_mean"]
+    assert a.edges[(producer, f"{ln}_mean")] == MANY  # the statistic needs the whole row
+    # the embedding lookup is inlined into the add that reads it, as a gather
+    word = {q: r for (p, q), r in a.edges.items() if p == "p_embeddings_word_embeddings_weight"}
+    assert list(word.values()) == [GATHER]
+    assert len(a.readers[ln]) >= 3  # Q, K and V projections read the same normalised rows

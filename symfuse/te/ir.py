@@ -104,4 +104,4 @@ def fmt_te(t: TE | Opaque) -> str:
         return f"{t.name} = torch reference of {t.op}  # {t.origin}"
     idx = ", ".join(a.name for a in t.axes)
     dom = ", ".join(f"{a.name} < {fmt(d)}" for a, d in zip(t.axes, t.shape))
-    return f"{t.name}[{idx}] = {fmt_scalar(t.body)}   for {dom}"
+    return f"{t.name}[{idx}] = {fmt_scalar(t.body)}" + (f"   for {dom}" if dom else "")

@@ -1,0 +1,104 @@
+"""Global dependence analysis of a TE program, as Souffle does it.
+
+For every producer/consumer pair it decides whether each consumer element relies on one
+producer element (an index map with no reduction variable: the pair can fuse element by
+element), on many (a reduction variable appears in the index: the consumer needs a whole
+region, so fusing it means a barrier or recomputation), or on a data-dependent one (a
+gather). Every TE is compute-intensive (it contracts two operands over a reduction axis: a
+GEMM) or memory-intensive (everything else). Tensors read by several TEs are reuse
+candidates.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import sympy
+
+from symfuse.te.ir import TE, Call, Load, Opaque, Reduce, Scalar
+from symfuse.te.lower import TEProgram
+
+ONE = "one-relies-on-one"
+MANY = "one-relies-on-many"
+GATHER = "gather"
+
+
+def loads(s: Scalar, bound: frozenset = frozenset()):
+    """Every load in `s`, with the reduction variables in scope at it."""
+    if isinstance(s, Load):
+        yield s, bound
+        for i in s.index:
+            if not isinstance(i, sympy.Expr):
+                yield from loads(i, bound)
+    elif isinstance(s, Call):
+        for a in s.args:
+            yield from loads(a, bound)
+    elif isinstance(s, Reduce):
+        yield from loads(s.body, bound | {a for a, _ in s.axes})
+
+
+def relation(load: Load, reduce_vars: frozenset) -> str:
+    if any(not isinstance(i, sympy.Expr) for i in load.index):
+        return GATHER
+    if any(i.free_symbols & reduce_vars for i in load.index):
+        return MANY
+    return ONE
+
+
+def is_contraction(s: Scalar) -> bool:
+    """A reduction whose body multiplies two loads that both run along its axis."""
+    if isinstance(s, Reduce) and s.op == "sum":
+        body = s.body
+        if isinstance(body, Call) and body.fn == "mul" and len(body.args) == 2:
+            vars_ = {a for a, _ in s.axes}
+            return all(
+                isinstance(a, Load) and any(isinstance(i, sympy.Expr) and i.free_symbols & vars_ for i in a.index)
+                for a in body.args
+            )
+    if isinstance(s, Call):
+        return any(is_contraction(a) for a in s.args)
+    return False
+
+
+@dataclass
+class Analysis:
+    kind: dict[str, str] = field(default_factory=dict)  # TE -> compute-intensive | memory-intensive | opaque
+    edges: dict[tuple[str, str], str] = field(default_factory=dict)  # (producer, consumer) -> relation
+    readers: dict[str, list[str]] = field(default_factory=dict)  # tensor -> TEs that read it
+
+    def summary(self) -> str:
+        kinds = Counter(self.kind.values())
+        rel = Counter(self.edges.values())
+        reused = sum(1 for r in self.readers.values() if len(r) > 1)
+        return (
+            f"{len(self.kind)} TEs: {kinds['compute-intensive']} compute-intensive, "
+            f"{kinds['memory-intensive']} memory-intensive, {kinds['opaque']} opaque; "
+            f"edges: {rel[ONE]} {ONE}, {rel[MANY]} {MANY}, {rel[GATHER]} gather; "
+            f"{reused} tensors read by more than one TE"
+        )
+
+
+def analyse(prog: TEProgram) -> Analysis:
+    a = Analysis()
+    for item in prog.items:
+        if isinstance(item, Opaque):
+            a.kind[item.name] = "opaque"
+            n = prog.nodes[item.name]
+            for v in n.inputs:
+                if v is not None:
+                    a.edges[(v.name, item.name)] = MANY
+                    a.readers.setdefault(v.name, []).append(item.name)
+            continue
+        assert isinstance(item, TE)
+        a.kind[item.name] = "compute-intensive" if is_contraction(item.body) else "memory-intensive"
+        for ld, bound in loads(item.body):
+            key = (ld.tensor, item.name)
+            r = relation(ld, bound)
+            # the strongest relation wins: many > gather > one
+            if a.edges.get(key) != MANY and not (a.edges.get(key) == GATHER and r == ONE):
+                a.edges[key] = r
+            readers = a.readers.setdefault(ld.tensor, [])
+            if item.name not in readers:
+                readers.append(item.name)
+    return a
