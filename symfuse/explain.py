@@ -60,23 +60,36 @@ def explain(
     out.append(f"\nchecked on every call ({len(checks)} facts beyond input ranks, dtypes and static dims):")
     for f in checks:
         out.append(f"  {f.text()}  <- {f.origin}")
-    out += _te_section(graph, with_te)
+    out += _te_section(graph, store, with_te)
     if with_graph:
         out.append("\ngraph:")
         out.append(print_graph(graph, with_constants=False))
     return "\n".join(out)
 
 
-def _te_section(graph: Graph, with_program: bool) -> list[str]:
+def _te_section(graph: Graph, store: ShapeStore, with_program: bool) -> list[str]:
+    from symfuse.fusion.plan import plan
     from symfuse.te.analysis import analyse
     from symfuse.te.ir import Opaque
     from symfuse.te.lower import lower
 
     prog = lower(graph)
-    out = ["\ntensor expressions (layout ops composed into loads):", "  " + analyse(prog).summary()]
+    analysis = analyse(prog)
+    out = ["\ntensor expressions (layout ops composed into loads):", "  " + analysis.summary()]
     opaque = Counter(t.op for t in prog.items if isinstance(t, Opaque))
     if opaque:
         out.append("  no TE lowering yet, run through torch: " + ", ".join(f"{k} x{v}" for k, v in opaque.items()))
     if with_program:
         out += ["  " + line for line in str(prog).splitlines()]
+    fp = plan(prog, analysis, store)
+    kinds = Counter(k.kind for k in fp.kernels)
+    out.append(
+        f"\nfusion plan ({len(fp.kernels)} kernels: "
+        + ", ".join(f"{v} {k}" for k, v in kinds.items())
+        + f"; {len(fp.inlined)} generators inlined). Not executed yet: the backend above runs op by op."
+    )
+    out += [f"  {k}" for k in fp.kernels]
+    refused = fp.refused()
+    out.append(f"refused fusions ({len(refused)}):")
+    out += [f"  {d.producer} -> {d.consumer}: {d.reason}" for d in refused]
     return out

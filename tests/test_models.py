@@ -102,3 +102,10 @@ def test_gpt2_causal_mask_is_tied_to_the_sequence():
     assert c.store.range(S) == (1, 1024)  # position embeddings have 1024 rows
     with pytest.raises(ValueError, match=r"'S' must be in \[1, 1024\]"):
         c(**case.inputs(B=1, S=1025))
+
+
+def test_bert_base_fusion_plan_per_layer():
+    from tests.fusion_checks import assert_bert_layers
+
+    _, c = compiled("bert-base")
+    assert_bert_layers(c, 12)

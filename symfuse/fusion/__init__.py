@@ -1,0 +1,1 @@
+"""Fusion: partitioning the TE program into kernels, from shape relations only."""

@@ -1,0 +1,214 @@
+"""Partitioning a TE program into kernels.
+
+Decisions use only the dependence analysis and the shape store's relations, never a
+value of a symbolic dim. Legality (`legal`) and profitability (`profitable`) are separate,
+and every pair that is considered and refused is logged with its reason.
+
+Policy, in order:
+1. Generators (TEs that load nothing: constants, aranges) are inlined into their readers.
+2. GEMM epilogues: a compute-intensive TE absorbs element-wise consumers of the same
+   shape that read it one-to-one (bias is already in the GEMM's TE; GELU joins here),
+   unless the consumer's value flows into a reduction, where it belongs (step 3).
+3. Loop, input and stitch fusion: memory-intensive TEs join when one reads the other
+   one-to-one or over a region of the same rows (all dims but the last equal in the
+   store); so a residual add, a layer norm's statistics and its normalisation become one
+   kernel, and so do a softmax's scale, mask, max, sum and division.
+No merge may create a cycle between kernels; opaque ops stay alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from symfuse.shape.store import ShapeStore, Tri
+from symfuse.te.analysis import GATHER, MANY, ONE, Analysis, loads
+from symfuse.te.ir import TE, Opaque, Reduce
+from symfuse.te.lower import TEProgram
+
+
+@dataclass
+class Kernel:
+    name: str
+    members: list[str]
+    kind: str  # gemm | gemm+epilogue | reduction | loop | opaque
+
+    def __str__(self) -> str:
+        return f"{self.name} [{self.kind}]: {', '.join(self.members)}"
+
+
+@dataclass
+class Decision:
+    producer: str
+    consumer: str
+    fused: bool
+    reason: str
+
+
+@dataclass
+class Plan:
+    kernels: list[Kernel] = field(default_factory=list)
+    inlined: list[str] = field(default_factory=list)
+    log: list[Decision] = field(default_factory=list)
+
+    def kernel_of(self, te: str) -> Kernel | None:
+        return next((k for k in self.kernels if te in k.members), None)
+
+    def refused(self) -> list[Decision]:
+        return [d for d in self.log if not d.fused]
+
+
+def _has_reduce(s) -> bool:
+    from symfuse.te.ir import Call, Load
+
+    if isinstance(s, Reduce):
+        return True
+    if isinstance(s, Call):
+        return any(_has_reduce(a) for a in s.args)
+    if isinstance(s, Load):
+        return any(not hasattr(i, "free_symbols") and _has_reduce(i) for i in s.index)
+    return False
+
+
+class _Planner:
+    def __init__(self, prog: TEProgram, a: Analysis, store: ShapeStore) -> None:
+        self.prog, self.a, self.store = prog, a, store
+        self.items = {t.name: t for t in prog.items}
+        self.order = {t.name: i for i, t in enumerate(prog.items)}
+        self.group = {t.name: t.name for t in prog.items}
+        self.consumers: dict[str, list[str]] = {}
+        for (p, c), _ in a.edges.items():
+            if p in self.items:
+                self.consumers.setdefault(p, []).append(c)
+        self.plan = Plan()
+
+    # -- groups -------------------------------------------------------------------------
+    def find(self, t: str) -> str:
+        while self.group[t] != t:
+            t = self.group[t]
+        return t
+
+    def members(self, g: str) -> list[str]:
+        return [t for t in self.items if self.find(t) == g]
+
+    def union(self, a: str, b: str) -> None:
+        ga, gb = self.find(a), self.find(b)
+        if ga != gb:
+            self.group[gb] = ga
+
+    def creates_cycle(self, a: str, b: str) -> bool:
+        """Would merging the groups of a and b make some path leave and re-enter them?"""
+        ga, gb = self.find(a), self.find(b)
+        inside = {ga, gb}
+        start = [
+            c
+            for m in self.items
+            if self.find(m) in inside
+            for c in self.consumers.get(m, [])
+            if self.find(c) not in inside
+        ]
+        seen, stack = set(), start
+        while stack:
+            t = stack.pop()
+            if t in seen:
+                continue
+            seen.add(t)
+            if self.find(t) in inside:
+                return True
+            stack.extend(self.consumers.get(t, []))
+        return False
+
+    # -- properties -----------------------------------------------------------------------
+    def is_te(self, t: str) -> bool:
+        return isinstance(self.items.get(t), TE)
+
+    def generator(self, t: str) -> bool:
+        return self.is_te(t) and not any(True for _ in loads(self.items[t].body))
+
+    def gemm(self, t: str) -> bool:
+        return self.a.kind.get(t) == "compute-intensive"
+
+    def rows_match(self, p: str, c: str) -> Tri:
+        sp, sc = self.items[p].shape, self.items[c].shape
+        if len(sp) != len(sc):
+            return Tri.NO
+        return self.store.same_shape(sp[:-1], sc[:-1]) if sp else Tri.YES
+
+    def feeds_reduction(self, t: str, seen=None) -> bool:
+        """Does t's value flow, through one-to-one element-wise TEs, into a reduction?"""
+        seen = seen or set()
+        for c in self.consumers.get(t, []):
+            if c in seen or not self.is_te(c) or self.gemm(c):
+                continue
+            seen.add(c)
+            if self.a.edges.get((t, c)) == MANY or self.feeds_reduction(c, seen):
+                return True
+        return False
+
+    # -- legality and profit ------------------------------------------------------------------
+    def legal(self, p: str, c: str) -> tuple[bool, str]:
+        rel = self.a.edges.get((p, c))
+        if not self.is_te(p) or not self.is_te(c):
+            return False, "an opaque op runs through torch on its own"
+        if rel == GATHER:
+            return False, "the consumer reads it through a data-dependent index"
+        if self.gemm(c):
+            return False, "a library GEMM takes its operands from memory (no prologue fusion)"
+        if self.gemm(p):
+            if rel != ONE or self.store.same_shape(self.items[p].shape, self.items[c].shape) is not Tri.YES:
+                return False, "a GEMM epilogue must read the result element for element, same shape"
+            if _has_reduce(self.items[c].body):
+                return False, "a reduction is not an epilogue"
+            return True, "GEMM epilogue"
+        if self.rows_match(p, c) is not Tri.YES:
+            return False, "the two do not run over the same rows (shape relation unknown or different)"
+        if self.creates_cycle(p, c):
+            return False, "fusing would create a cycle between kernels"
+        return True, "same rows: " + ("stitch/input fusion" if rel == MANY else "loop fusion")
+
+    def profitable(self, p: str, c: str) -> tuple[bool, str]:
+        if self.gemm(p) and self.feeds_reduction(c):
+            return False, "its value flows into a reduction: it joins that kernel instead"
+        return True, "saves a round trip through memory"
+
+    def consider(self, p: str, c: str) -> None:
+        if self.find(p) == self.find(c):
+            return
+        ok, why = self.legal(p, c)
+        if ok:
+            good, why2 = self.profitable(p, c)
+            ok, why = good, (why if good else why2)
+        self.plan.log.append(Decision(p, c, ok, why))
+        if ok:
+            self.union(c, p)
+
+    def run(self) -> Plan:
+        self.plan.inlined = [t for t in self.items if self.generator(t)]
+        inlined = set(self.plan.inlined)
+        edges = [(p, c) for (p, c) in self.a.edges if p in self.items and p not in inlined]
+        edges.sort(key=lambda e: self.order[e[1]])
+        for p, c in edges:  # GEMM epilogues first
+            if self.gemm(p):
+                self.consider(p, c)
+        for p, c in edges:
+            if not self.gemm(p):
+                self.consider(p, c)
+        groups: dict[str, list[str]] = {}
+        for t in self.items:
+            if t not in inlined:
+                groups.setdefault(self.find(t), []).append(t)
+        for i, ms in enumerate(sorted(groups.values(), key=lambda ms: self.order[ms[0]])):
+            kind = self._kind(ms)
+            anchor = next((m for m in ms if self.gemm(m)), ms[-1])
+            self.plan.kernels.append(Kernel(f"k{i}_{anchor}", ms, kind))
+        return self.plan
+
+    def _kind(self, ms: list[str]) -> str:
+        if isinstance(self.items[ms[0]], Opaque):
+            return "opaque"
+        if any(self.gemm(m) for m in ms):
+            return "gemm+epilogue" if len(ms) > 1 else "gemm"
+        return "reduction" if any(_has_reduce(self.items[m].body) for m in ms) else "loop"
+
+
+def plan(prog: TEProgram, analysis: Analysis, store: ShapeStore) -> Plan:
+    return _Planner(prog, analysis, store).run()

@@ -1,0 +1,46 @@
+"""Shared assertions on BERT's fusion plan (used by the unit and the model tiers)."""
+
+import re
+from collections import defaultdict
+
+from symfuse.fusion.plan import plan
+from symfuse.te.analysis import analyse
+from symfuse.te.lower import lower
+
+
+def kernels_per_layer(compiled):
+    prog = lower(compiled.graph)
+    fp = plan(prog, analyse(prog), compiled.store)
+    nodes = {v.name: n for n in compiled.graph.nodes for v in n.outputs}
+
+    def layer(member: str) -> int | None:
+        base = member if member in nodes else re.sub(r"_(max|sum|mean|var)$", "", member)
+        m = re.search(r"encoder\.layer\.(\d+)\.", nodes[base].loc) if base in nodes else None
+        return int(m.group(1)) if m else None
+
+    per: dict[int, list] = defaultdict(list)
+    for k in fp.kernels:
+        layers = {layer(m) for m in k.members} - {None}
+        assert len(layers) <= 1, f"{k} spans layers {layers}"
+        if layers:
+            per[layers.pop()].append(k)
+    return fp, nodes, per
+
+
+def assert_bert_layers(compiled, n_layers: int) -> None:
+    fp, nodes, per = kernels_per_layer(compiled)
+    assert sorted(per) == list(range(n_layers))
+    layout = {"reshape", "permute", "expand", "slice", "select"}
+    for i, ks in per.items():
+        assert len(ks) == 11, f"layer {i}: {[str(k) for k in ks]}"
+        norms = [k for k in ks if any(nodes.get(m) is not None and nodes[m].op == "layer_norm" for m in k.members)]
+        assert len(norms) == 2 and all(k.kind == "reduction" for k in norms)
+        for k in norms:  # residual add + statistics + normalisation: one kernel
+            assert [nodes[m].op for m in k.members if m in nodes] == ["add", "layer_norm"]
+            assert {m.rsplit("_", 1)[1] for m in k.members if m not in nodes} == {"mean", "var"}
+        (soft,) = [k for k in ks if any(m.endswith("_probs") for m in k.members)]
+        assert [m.rsplit("_", 1)[1] for m in soft.members] == ["scaled", "masked", "max", "sum", "probs"]
+        (ffn,) = [k for k in ks if k.kind == "gemm+epilogue"]
+        assert [nodes[m].op for m in ffn.members] == ["linear", "gelu"]  # bias is inside the linear's TE
+        assert sum(k.kind == "gemm" for k in ks) == 7  # Q, K, V, scores, context, output, FFN down
+        assert not any(nodes.get(m) is not None and nodes[m].op in layout for k in ks for m in k.members)
