@@ -32,7 +32,7 @@ def assert_bert_layers(compiled, n_layers: int) -> None:
     assert sorted(per) == list(range(n_layers))
     layout = {"reshape", "permute", "expand", "slice", "select"}
     for i, ks in per.items():
-        assert len(ks) == 11, f"layer {i}: {[str(k) for k in ks]}"
+        assert len(ks) == 9, f"layer {i}: {[str(k) for k in ks]}"
         norms = [k for k in ks if any(nodes.get(m) is not None and nodes[m].op == "layer_norm" for m in k.members)]
         assert len(norms) == 2 and all(k.kind == "reduction" for k in norms)
         for k in norms:  # residual add + statistics + normalisation: one kernel
@@ -42,5 +42,11 @@ def assert_bert_layers(compiled, n_layers: int) -> None:
         assert [m.rsplit("_", 1)[1] for m in soft.members] == ["scaled", "masked", "max", "sum", "probs"]
         (ffn,) = [k for k in ks if k.kind == "gemm+epilogue"]
         assert [nodes[m].op for m in ffn.members] == ["linear", "gelu"]  # bias is inside the linear's TE
-        assert sum(k.kind == "gemm" for k in ks) == 7  # Q, K, V, scores, context, output, FFN down
+        # Q, K and V merged horizontally into one GEMM; then scores, context, output, FFN down
+        assert sum(k.kind == "gemm" for k in ks) == 5
+        qkv = ks[0]
+        assert (
+            qkv.kind == "gemm"
+            and nodes[qkv.members[0]].inputs[1].type.shape[0] == 3 * nodes[qkv.members[0]].inputs[0].type.shape[-1]
+        )
         assert not any(nodes.get(m) is not None and nodes[m].op in layout for k in ks for m in k.members)

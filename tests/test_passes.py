@@ -60,3 +60,31 @@ def test_mask_and_causal_together_is_refused():
 
     with pytest.raises(ShapeError, match="a mask or is_causal, not both"):
         attention_graph("bool", True)
+
+
+def test_merge_parallel_linears_keeps_semantics():
+    from symfuse.passes import merge_parallel_linears
+
+    b = GraphBuilder("qkv")
+    b.store.declare("B")
+    b.store.declare("S")
+    x = b.input("x", (B, S, 8), DType.float32)
+    gen = torch.Generator().manual_seed(0)
+    outs = []
+    for i, n in enumerate((8, 8, 4)):
+        w = b.constant(f"w{i}", torch.randn(n, 8, generator=gen))
+        bias = b.constant(f"b{i}", torch.randn(n, generator=gen))
+        outs.append(b.add("linear", [x, w, bias])[0])
+    (other,) = b.add("linear", [outs[0], b.constant("w3", torch.randn(8, 8, generator=gen)), None])
+    g = b.finish(outs + [other])
+    g2 = merge_parallel_linears(g, b.store)
+    verify(g2)
+    assert reinfer(g2, b.store) == []
+    linears = [n for n in g2.nodes if n.op == "linear"]
+    assert [str(n.out.type) for n in linears] == ["f32[B, S, 20]", "f32[B, S, 8]"]  # merged, and the dependent one
+    assert sorted(v.name for v in g2.constants) == ["b0_merged", "w0_merged", "w3"]  # originals pruned
+    before, after = ReferenceExecutor(g), ReferenceExecutor(g2)
+    for binding in [dict(B=1, S=1), dict(B=3, S=7)]:
+        t = torch.randn(binding["B"], binding["S"], 8, generator=gen)
+        for want, got in zip(before.run(binding, [t]), after.run(binding, [t])):
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
