@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from symfuse.shape.store import ShapeStore, Tri
-from symfuse.te.analysis import GATHER, MANY, ONE, Analysis, loads
-from symfuse.te.ir import TE, Opaque, Reduce
+from symfuse.te.analysis import GATHER, MANY, ONE, Analysis, has_reduce, loads
+from symfuse.te.ir import TE, Opaque
 from symfuse.te.lower import TEProgram
 
 
@@ -55,18 +55,6 @@ class Plan:
 
     def refused(self) -> list[Decision]:
         return [d for d in self.log if not d.fused]
-
-
-def _has_reduce(s) -> bool:
-    from symfuse.te.ir import Call, Load
-
-    if isinstance(s, Reduce):
-        return True
-    if isinstance(s, Call):
-        return any(_has_reduce(a) for a in s.args)
-    if isinstance(s, Load):
-        return any(not hasattr(i, "free_symbols") and _has_reduce(i) for i in s.index)
-    return False
 
 
 class _Planner:
@@ -156,7 +144,7 @@ class _Planner:
         if self.gemm(p):
             if rel != ONE or self.store.same_shape(self.items[p].shape, self.items[c].shape) is not Tri.YES:
                 return False, "a GEMM epilogue must read the result element for element, same shape"
-            if _has_reduce(self.items[c].body):
+            if has_reduce(self.items[c].body):
                 return False, "a reduction is not an epilogue"
             return True, "GEMM epilogue"
         if self.rows_match(p, c) is not Tri.YES:
@@ -207,7 +195,7 @@ class _Planner:
             return "opaque"
         if any(self.gemm(m) for m in ms):
             return "gemm+epilogue" if len(ms) > 1 else "gemm"
-        return "reduction" if any(_has_reduce(self.items[m].body) for m in ms) else "loop"
+        return "reduction" if any(has_reduce(self.items[m].body) for m in ms) else "loop"
 
 
 def plan(prog: TEProgram, analysis: Analysis, store: ShapeStore) -> Plan:

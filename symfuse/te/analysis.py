@@ -46,6 +46,17 @@ def relation(load: Load, reduce_vars: frozenset) -> str:
     return ONE
 
 
+def has_reduce(s: Scalar) -> bool:
+    """Does `s` contain a reduction (in its body or in a gather index)?"""
+    if isinstance(s, Reduce):
+        return True
+    if isinstance(s, Call):
+        return any(has_reduce(a) for a in s.args)
+    if isinstance(s, Load):
+        return any(not isinstance(i, sympy.Expr) and has_reduce(i) for i in s.index)
+    return False
+
+
 def is_contraction(s: Scalar) -> bool:
     """A reduction whose body multiplies two loads that both run along its axis."""
     if isinstance(s, Reduce) and s.op == "sum":

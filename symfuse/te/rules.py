@@ -90,8 +90,10 @@ def cast_rule(lw, node, x, dtype):
 
 
 def full_rule(lw, node, shape, value, dtype):
-    v = value if not isinstance(value, sympy.Expr) else value
-    return lambda idx: Const(v, dtype) if not isinstance(v, sympy.Expr) else Index(v, dtype)
+    """A constant; a symbolic value (a scalar made from a dim) is an index expression."""
+    if isinstance(value, sympy.Expr):
+        return lambda idx: Index(value, dtype)
+    return lambda idx: Const(value, dtype)
 
 
 def arange_rule(lw, node, start, end, step, dtype):
