@@ -10,14 +10,6 @@ import time
 import torch
 
 
-def _max_rel_err(a, b) -> float:
-    if isinstance(a, torch.Tensor):
-        return float((a - b).abs().max() / (b.abs().max() + 1e-12)) if a.numel() else 0.0
-    if hasattr(a, "to_tuple"):
-        a, b = a.to_tuple(), b.to_tuple()
-    return max(_max_rel_err(x, y) for x, y in zip(a, b))
-
-
 def _times_ms(fn, reps: int) -> list[float]:
     fn()  # warm up: first calls at a new shape set up library kernels
     times = []
@@ -31,6 +23,8 @@ def _times_ms(fn, reps: int) -> list[float]:
 def cmd_demo(args) -> int:
     import symfuse
     from symfuse.bench import harness, report
+    from symfuse.bench.engines import flat_outputs
+    from symfuse.bench.worker import rel_err
     from symfuse.models import load
 
     case = load(args.model)
@@ -52,7 +46,7 @@ def cmd_demo(args) -> int:
         inputs = case.inputs(**binding)
         with torch.no_grad():
             ref = case.model(**inputs)
-        err = _max_rel_err(compiled(**inputs), ref)
+        err = rel_err(flat_outputs(compiled(**inputs)), flat_outputs(ref))
         k = harness.key(binding)
         results["symfuse"].times[k] = _times_ms(lambda: compiled(**inputs), args.reps)
         with torch.no_grad():

@@ -26,7 +26,7 @@ def _compile_dims(exprs: list[sympy.Expr]) -> Callable[[dict[str, int]], list[in
     return eval(src, {"min": min, "max": max})  # noqa: S307
 
 
-def _attr_evaluator(attrs: dict[str, Any]) -> Callable[[dict[str, int]], dict[str, Any]]:
+def attr_evaluator(attrs: dict[str, Any]) -> Callable[[dict[str, int]], dict[str, Any]]:
     exprs: list[sympy.Expr] = []
 
     def collect(v):
@@ -77,7 +77,7 @@ class ReferenceExecutor:
             opdef = ops.get(n.op)
             shapes = _compile_dims([d for v in n.outputs for d in v.type.shape])
             unused = [v for v in n.outputs if v not in last_use and v not in keep]
-            self._steps.append((n, opdef, _attr_evaluator(dict(n.attrs)), shapes, dead_after.get(i, []) + unused))
+            self._steps.append((n, opdef, attr_evaluator(dict(n.attrs)), shapes, dead_after.get(i, []) + unused))
 
     def run(self, binding: dict[str, int], inputs: list[torch.Tensor], on_node=None) -> list[torch.Tensor]:
         """Run the graph; `on_node(node, inputs, outputs, seconds)` is called after each op."""

@@ -50,9 +50,6 @@ class Plan:
     inlined: list[str] = field(default_factory=list)
     log: list[Decision] = field(default_factory=list)
 
-    def kernel_of(self, te: str) -> Kernel | None:
-        return next((k for k in self.kernels if te in k.members), None)
-
     def refused(self) -> list[Decision]:
         return [d for d in self.log if not d.fused]
 
@@ -74,9 +71,6 @@ class _Planner:
         while self.group[t] != t:
             t = self.group[t]
         return t
-
-    def members(self, g: str) -> list[str]:
-        return [t for t in self.items if self.find(t) == g]
 
     def union(self, a: str, b: str) -> None:
         ga, gb = self.find(a), self.find(b)

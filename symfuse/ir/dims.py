@@ -35,14 +35,6 @@ def dim(value: DimLike) -> Dim:
     return sympy.Integer(value)
 
 
-def is_const(d: Dim) -> bool:
-    return bool(d.is_Integer)
-
-
-def const_value(d: Dim) -> int | None:
-    return int(d) if d.is_Integer else None
-
-
 def floordiv(a: DimLike, b: DimLike) -> Dim:
     return sympy.floor(dim(a) / dim(b))
 
@@ -63,15 +55,25 @@ def dmax(a: DimLike, b: DimLike) -> Dim:
     return sympy.Max(dim(a), dim(b))
 
 
+SLICE_END = 2**62  # slice ends at or past this mean "to the end" (torch.export writes 2**63 - 1)
+
+
+def slice_bound(d: DimLike, v) -> Dim:
+    """A slice start or end clamped into [0, d] as Python does; None means d."""
+    d = dim(d)
+    if v is None or (isinstance(v, int) and v >= SLICE_END):
+        return d
+    v = dim(v)
+    if v.is_Integer and v < 0:
+        return dmax(d + v, 0)
+    return dmin(v, d)
+
+
 def product(dims) -> Dim:
     out: Dim = sympy.Integer(1)
     for d in dims:
         out = out * dim(d)
     return out
-
-
-def symbols_of(d: Dim) -> frozenset[sympy.Symbol]:
-    return frozenset(d.free_symbols)
 
 
 def exact_quotient(a: Dim, b: Dim) -> Dim | None:
@@ -84,10 +86,6 @@ def exact_quotient(a: Dim, b: Dim) -> Dim | None:
     if all(term.as_coeff_Mul()[0].is_Integer for term in sympy.Add.make_args(q)):
         return q
     return None
-
-
-def substitute(d: Dim, mapping: Mapping[sympy.Symbol, Dim]) -> Dim:
-    return d.xreplace(dict(mapping)) if mapping else d
 
 
 class _DimPrinter(StrPrinter):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from symfuse.ir.dims import Dim, ceildiv, dmax, dmin, exact_quotient, floordiv, product
+from symfuse.ir.dims import SLICE_END, Dim, ceildiv, dmax, dmin, exact_quotient, floordiv, product, slice_bound
 from symfuse.ir.dims import dim as as_dim
 from symfuse.ops.registry import Kind, defop, same_dtype
 from symfuse.shape.store import Tri
@@ -24,8 +24,6 @@ from symfuse.te.rules import (
     select_rule,
     slice_rule,
 )
-
-INT_MAX = 2**62  # slice ends at or past this are "to the end" (torch.export writes 2**63 - 1)
 
 
 def _pass_bounds(ctx, b, *rest, **attrs):
@@ -116,27 +114,18 @@ defop(
 )
 
 
-def _clamp_index(d: Dim, v, is_end: bool) -> Dim:
-    if v is None or (isinstance(v, int) and v >= INT_MAX):
-        return d
-    v = as_dim(v)
-    if v.is_Integer and v < 0:
-        return dmax(d + v, 0)
-    return dmin(v, d)
-
-
 def _slice_shape(ctx, x, dim_, start, end, step):
     k = ctx.normalize_dim(dim_, x.rank)
     if step < 1:
         raise ctx.error(f"slice step must be positive, got {step}")
     d = x.shape[k]
-    lo, hi = _clamp_index(d, start, False), _clamp_index(d, end, True)
+    lo, hi = slice_bound(d, start), slice_bound(d, end)
     n = ctx.canon(dmax(0, ceildiv(hi - lo, step)))
     return x.shape[:k] + (n,) + x.shape[k + 1 :]
 
 
 def _slice_ref(x, dim, start, end, step):
-    return x[(slice(None),) * (dim % x.dim()) + (slice(start, None if end is None or end >= INT_MAX else end, step),)]
+    return x[(slice(None),) * (dim % x.dim()) + (slice(start, None if end is None or end >= SLICE_END else end, step),)]
 
 
 defop(

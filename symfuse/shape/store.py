@@ -150,9 +150,6 @@ class ShapeStore:
 
         return d.replace(lambda e: isinstance(e, (sympy.Min, sympy.Max)), minmax)
 
-    def rep(self, d: DimLike) -> Dim:
-        return self.canon(d)
-
     def members(self, d: DimLike) -> list[Dim]:
         r = self.canon(d)
         return self._members.get(r, [r])

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from symfuse import ops
 from symfuse.ir.dims import evaluate
+from symfuse.reference import attr_evaluator
 from symfuse.te.ir import TE, Call, Const, Index, Load, Opaque, Reduce, Scalar
 from symfuse.te.lower import TEProgram
 
@@ -134,8 +135,6 @@ def run_te(t: TE, env: dict[str, torch.Tensor], binding: dict[str, int]) -> torc
 
 
 def run_program(prog: TEProgram, binding: dict[str, int], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    from symfuse.reference import _attr_evaluator
-
     g = prog.graph
     env: dict[str, torch.Tensor] = {v.name: t for v, t in g.constants.items()}
     env.update({v.name: t for v, t in zip(g.inputs, inputs)})
@@ -144,7 +143,7 @@ def run_program(prog: TEProgram, binding: dict[str, int], inputs: list[torch.Ten
             n = prog.nodes[item.name]
             opdef = ops.get(n.op)
             args = opdef.pack([env[v.name] if v is not None else None for v in n.inputs])
-            out = opdef.ref(*args, **_attr_evaluator(dict(n.attrs))(binding))
+            out = opdef.ref(*args, **attr_evaluator(dict(n.attrs))(binding))
             for v, t in zip(n.outputs, out if isinstance(out, tuple) else (out,)):
                 env[v.name] = t
         else:

@@ -11,7 +11,7 @@ import math
 
 import sympy
 
-from symfuse.ir.dims import Dim, dim, floordiv, mod
+from symfuse.ir.dims import Dim, dim, floordiv, mod, slice_bound
 from symfuse.ir.dtypes import DType
 from symfuse.te.ir import Call, Const, Index, Reduce, reduce_axis
 
@@ -119,13 +119,8 @@ def expand_rule(lw, node, x, sizes):
 def slice_rule(lw, node, x, dim, start, end, step):
     k = dim % node.out.type.rank
     d = node.inputs[0].type.shape[k]
-    lo = dim_start(start, d)
+    lo = slice_bound(d, start)
     return lambda idx: x(idx[:k] + (lo + step * idx[k],) + idx[k + 1 :])
-
-
-def dim_start(start, d: Dim) -> Dim:
-    s = dim(start)
-    return sympy.Max(d + s, 0) if (s.is_Integer and s < 0) else sympy.Min(s, d)
 
 
 def select_rule(lw, node, x, dim, index):
