@@ -120,21 +120,29 @@ def test_every_registered_op_has_a_case():
     assert sorted(ops.REGISTRY) == sorted(CASES)
 
 
-@pytest.mark.parametrize("op", sorted(CASES))
-def test_op_rules_match_reference(op):
+def one_op_graph(op: str):
+    """The graph of one op of CASES over symbolic inputs, and a maker of random inputs."""
     specs, attrs = CASES[op]
     b = GraphBuilder(op)
     b.store.declare("B")
     b.store.declare("S")
     ins = [b.input(f"x{i}", s[0], s[1]) if s is not None else None for i, s in enumerate(specs)]
-    outs = b.add(op, ins, attrs)
-    g = b.finish(list(outs))
+    g = b.finish(list(b.add(op, ins, attrs)))
+
+    def inputs(binding, gen):
+        return [_tensor([evaluate(d, binding) for d in s[0]], s[1], s[2], gen) for s in specs if s is not None]
+
+    return g, inputs
+
+
+@pytest.mark.parametrize("op", sorted(CASES))
+def test_op_rules_match_reference(op):
+    g, inputs = one_op_graph(op)
     run = ReferenceExecutor(g)
     gen = torch.Generator().manual_seed(1)
     for binding in BINDINGS:
-        tensors = [_tensor([evaluate(d, binding) for d in s[0]], s[1], s[2], gen) for s in specs if s is not None]
-        results = run.run(binding, tensors)  # asserts shape and dtype of every result
-        assert len(results) == len(outs)
+        results = run.run(binding, inputs(binding, gen))  # asserts shape and dtype of every result
+        assert len(results) == len(g.outputs)
 
 
 def test_reshape_with_inexact_hole_records_divisibility():

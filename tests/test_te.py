@@ -4,13 +4,12 @@ import pytest
 import torch
 
 from symfuse import ops
-from symfuse.ir.dims import evaluate
 from symfuse.reference import ReferenceExecutor
 from symfuse.shape.infer import GraphBuilder
 from symfuse.te.interp import run_program
 from symfuse.te.ir import TE, Opaque
 from symfuse.te.lower import lower
-from tests.test_ops import BINDINGS, CASES, _tensor
+from tests.test_ops import BINDINGS, one_op_graph
 
 LOWERED = sorted(name for name, op in ops.REGISTRY.items() if op.lower is not None)
 
@@ -23,18 +22,13 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("op", LOWERED)
 def test_lowered_op_matches_reference(op):
-    specs, attrs = CASES[op]
-    b = GraphBuilder(op)
-    b.store.declare("B")
-    b.store.declare("S")
-    ins = [b.input(f"x{i}", s[0], s[1]) if s is not None else None for i, s in enumerate(specs)]
-    g = b.finish(list(b.add(op, ins, attrs)))
+    g, inputs = one_op_graph(op)
     prog = lower(g)
     assert not any(isinstance(t, Opaque) for t in prog.items)
     ref = ReferenceExecutor(g)
     gen = torch.Generator().manual_seed(3)
     for binding in BINDINGS:
-        tensors = [_tensor([evaluate(d, binding) for d in s[0]], s[1], s[2], gen) for s in specs if s is not None]
+        tensors = inputs(binding, gen)
         if op in ("log", "sqrt", "rsqrt", "pow"):  # keep the reference finite
             tensors = [t.abs() + 0.5 if t.dtype.is_floating_point else t for t in tensors]
         (want,), (got,) = ref.run(binding, tensors), run_program(prog, binding, tensors)
