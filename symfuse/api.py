@@ -11,6 +11,7 @@ import torch.utils._pytree as pytree
 from symfuse.explain import explain as _explain
 from symfuse.frontend import Captured, capture
 from symfuse.ir.verify import verify
+from symfuse.options import Options
 from symfuse.passes import PIPELINE
 from symfuse.reference import ReferenceExecutor
 from symfuse.runtime.guard import make_guard
@@ -19,7 +20,8 @@ from symfuse.shape.guards import guard_spec
 log = logging.getLogger("symfuse")
 _compile_count = 0
 
-REFERENCE_BACKEND = "reference executor (each op runs through its PyTorch reference; no generated code yet)"
+REFERENCE_BACKEND = "reference executor (each op runs through its PyTorch reference)"
+CPU_BACKEND = "cpu (generated C++ kernels with OpenMP and SIMD, oneDNN and torch.matmul for GEMMs)"
 
 
 def compile_count() -> int:
@@ -30,14 +32,26 @@ def compile_count() -> int:
 class CompiledModule:
     """A model compiled once for every binding of its symbolic dims."""
 
-    def __init__(self, captured: Captured) -> None:
+    def __init__(self, captured: Captured, options: Options) -> None:
         self.captured = captured
         self.graph = captured.graph
         self.store = captured.store
-        self.backend = REFERENCE_BACKEND
+        self.options = options
         self.guard = make_guard(guard_spec(captured.declared, captured.store))
-        self._executor = ReferenceExecutor(captured.graph)
+        self._reference = ReferenceExecutor(captured.graph)
         self._tensor_names = [v.name for v in captured.declared]
+        self.native = None
+        if options.backend == "reference":
+            self.backend = REFERENCE_BACKEND
+            self._run = self._reference.run
+        elif options.backend == "cpu":
+            from symfuse.codegen.compile import compile_program
+
+            self.native = compile_program(captured.graph, captured.store, options)
+            self.backend = CPU_BACKEND
+            self._run = self.native.program
+        else:
+            raise ValueError(f"unknown backend {options.backend!r}; symfuse has 'cpu' and 'reference'")
 
     @property
     def symbols(self) -> list[str]:
@@ -70,15 +84,16 @@ class CompiledModule:
         tensors = self._inputs(args, kwargs)
         binding = self.guard(tensors)
         with torch.no_grad():
-            outs = self._executor.run(binding, tensors)
+            outs = self._run(tensors, binding) if self.native else self._run(binding, tensors)
         return pytree.tree_unflatten(outs, self.captured.out_spec)
 
     def profile(self, on_node, *args, **kwargs):
-        """Run once, calling `on_node(node, inputs, outputs, seconds)` after every op."""
+        """Run once on the reference executor, calling `on_node(node, inputs, outputs, seconds)`
+        after every op."""
         tensors = self._inputs(args, kwargs)
         binding = self.guard(tensors)
         with torch.no_grad():
-            outs = self._executor.run(binding, tensors, on_node=on_node)
+            outs = self._reference.run(binding, tensors, on_node=on_node)
         return pytree.tree_unflatten(outs, self.captured.out_spec)
 
     def explain(self, *, with_graph: bool = True, with_te: bool = False) -> str:
@@ -89,13 +104,16 @@ class CompiledModule:
             notes=self.captured.notes,
             with_graph=with_graph,
             with_te=with_te,
+            native=self.native,
         )
 
     def __repr__(self) -> str:
         return f"<symfuse.CompiledModule {self.graph.name} symbols={self.symbols} backend='{self.backend}'>"
 
 
-def compile(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) -> CompiledModule:  # noqa: A001
+def compile(  # noqa: A001
+    model: torch.nn.Module, example_inputs: Any, dynamic: Any = None, *, backend: str | None = None, **options
+) -> CompiledModule:
     """Compile `model` once for all bindings of its dynamic dims.
 
     example_inputs: a tensor, a tuple of positional inputs, or a dict of keyword inputs.
@@ -104,7 +122,11 @@ def compile(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
         the same name on two dims declares them equal), or a tuple of such dicts for
         positional inputs. When omitted, every dim of every tensor input is dynamic
         unless the model fixes it; those dims are named `<input>_<dim>`.
+    backend: "cpu" (default: generated native code) or "reference" (each op through torch).
+    options: fields of `symfuse.options.Options` (cache_dir, dump_dir, cxx); the environment
+        supplies SYMFUSE_CACHE_DIR, SYMFUSE_DUMP_DIR and CXX.
     """
+    opts = Options.from_env(backend=backend, **options)
     global _compile_count
     captured = capture(model, example_inputs, dynamic)
     verify(captured.graph)
@@ -113,4 +135,4 @@ def compile(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
         verify(captured.graph)
     _compile_count += 1
     log.info("symfuse: captured %s in %.2fs (%d ops)", captured.graph.name, captured.seconds, len(captured.graph.nodes))
-    return CompiledModule(captured)
+    return CompiledModule(captured, opts)

@@ -23,6 +23,7 @@ def explain(
     notes: list[str] = (),
     with_graph: bool = True,
     with_te: bool = False,
+    native=None,
 ) -> str:
     out = [f"symfuse: {graph.name}", f"  backend: {backend}"]
     out += [f"  note: {n}" for n in notes]
@@ -60,20 +61,20 @@ def explain(
     out.append(f"\nchecked on every call ({len(checks)} facts beyond input ranks, dtypes and static dims):")
     for f in checks:
         out.append(f"  {f.text()}  <- {f.origin}")
-    out += _te_section(graph, store, with_te)
+    out += _te_section(graph, store, with_te, native)
     if with_graph:
         out.append("\ngraph:")
         out.append(print_graph(graph, with_constants=False))
     return "\n".join(out)
 
 
-def _te_section(graph: Graph, store: ShapeStore, with_program: bool) -> list[str]:
+def _te_section(graph: Graph, store: ShapeStore, with_program: bool, native) -> list[str]:
     from symfuse.fusion.plan import plan
     from symfuse.te.analysis import analyse
     from symfuse.te.ir import Opaque
     from symfuse.te.lower import lower
 
-    prog = lower(graph)
+    prog = native.te if native else lower(graph)
     analysis = analyse(prog)
     out = ["\ntensor expressions (layout ops composed into loads):", "  " + analysis.summary()]
     opaque = Counter(t.op for t in prog.items if isinstance(t, Opaque))
@@ -81,15 +82,43 @@ def _te_section(graph: Graph, store: ShapeStore, with_program: bool) -> list[str
         out.append("  no TE lowering yet, run through torch: " + ", ".join(f"{k} x{v}" for k, v in opaque.items()))
     if with_program:
         out += ["  " + line for line in str(prog).splitlines()]
-    fp = plan(prog, analysis, store)
+    fp = native.plan if native else plan(prog, analysis, store)
     kinds = Counter(k.kind for k in fp.kernels)
+    status = "executed as below" if native else "not executed: the reference backend runs op by op"
     out.append(
         f"\nfusion plan ({len(fp.kernels)} kernels: "
         + ", ".join(f"{v} {k}" for k, v in kinds.items())
-        + f"; {len(fp.inlined)} generators inlined). Not executed yet: the backend above runs op by op."
+        + f"; {len(fp.inlined)} generators inlined; {status})"
     )
     out += [f"  {k}" for k in fp.kernels]
     refused = fp.refused()
     out.append(f"refused fusions ({len(refused)}):")
     out += [f"  {d.producer} -> {d.consumer}: {d.reason}" for d in refused]
+    if native:
+        out += _steps_section(native)
+    return out
+
+
+def _steps_section(native) -> list[str]:
+    from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep
+
+    steps = native.schedule.steps
+    out = [f"\nexecution ({len(steps)} steps; every size a run-time symbol):"]
+    fallbacks = []
+    for st in steps:
+        if isinstance(st, NativeStep):
+            out.append(f"  {st.name}: native C++ [{st.kind}] writes {', '.join(st.outputs)}")
+        elif isinstance(st, GemmStep):
+            lib = "oneDNN linear, weights reordered once" if st.weight else "torch.matmul on strided views"
+            if st.postop:
+                lib += f", {st.postop[0]} as a post-op"
+            epi = f"; epilogue {st.epilogue.name} (native C++)" if st.epilogue else ""
+            out.append(f"  {st.name}: {lib}{epi}")
+        elif isinstance(st, OpaqueStep):
+            out.append(f"  {st.name}: torch reference of {st.node.op} (no TE lowering)  [{st.node.loc}]")
+            fallbacks.append(st.node.op)
+    out += [f"  note: {n}" for n in native.schedule.notes]
+    if fallbacks:
+        out.append(f"ops run through torch inside the compiled program: {', '.join(sorted(set(fallbacks)))}")
+    out.append("compile time: " + ", ".join(f"{k} {v:.2f}s" for k, v in native.seconds.items()))
     return out

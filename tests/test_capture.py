@@ -175,7 +175,7 @@ def test_bad_calls(tiny_bert, make, message):
 def test_explain_names_facts_and_backend(tiny_bert):
     _, c = tiny_bert
     text = c.explain()
-    assert "backend: reference executor" in text
+    assert "backend: cpu (generated C++" in text
     assert "S in [1, 32]" in text
     assert "checked on every call" in text and "min(32, S) == S" in text
     assert "%layer_norm: f32[B, S, 32]" in text

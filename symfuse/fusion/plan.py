@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from symfuse.shape.store import ShapeStore, Tri
-from symfuse.te.analysis import GATHER, MANY, ONE, Analysis, has_reduce, loads
+from symfuse.te.analysis import GATHER, MANY, ONE, Analysis, has_reduce, in_row, loads
 from symfuse.te.ir import TE, Opaque
 from symfuse.te.lower import TEProgram
 
@@ -115,6 +115,10 @@ class _Planner:
             return Tri.NO
         return self.store.same_shape(sp[:-1], sc[:-1]) if sp else Tri.YES
 
+    def reads_own_rows(self, p: str, c: str) -> bool:
+        ct = self.items[c]
+        return all(in_row(ld.index, ct.axes, ct.shape) for ld, _ in loads(ct.body) if ld.tensor == p)
+
     def feeds_reduction(self, t: str, seen=None) -> bool:
         """Does t's value flow, through one-to-one element-wise TEs, into a reduction?"""
         seen = seen or set()
@@ -143,6 +147,8 @@ class _Planner:
             return True, "GEMM epilogue"
         if self.rows_match(p, c) is not Tri.YES:
             return False, "the two do not run over the same rows (shape relation unknown or different)"
+        if not self.reads_own_rows(p, c):
+            return False, "the consumer reads the producer outside its own row"
         if self.creates_cycle(p, c):
             return False, "fusing would create a cycle between kernels"
         return True, "same rows: " + ("stitch/input fusion" if rel == MANY else "loop fusion")
@@ -178,11 +184,29 @@ class _Planner:
         for t in self.items:
             if t not in inlined:
                 groups.setdefault(self.find(t), []).append(t)
-        for i, ms in enumerate(sorted(groups.values(), key=lambda ms: self.order[ms[0]])):
+        for i, ms in enumerate(self.topological(list(groups.values()))):
             kind = self._kind(ms)
             anchor = next((m for m in ms if self.gemm(m)), ms[-1])
             self.plan.kernels.append(Kernel(f"k{i}_{anchor}", ms, kind))
         return self.plan
+
+    def topological(self, groups: list[list[str]]) -> list[list[str]]:
+        """Kernels in an order that runs every producer first (merging can move a member
+        ahead of its group's first member), ties broken by program order."""
+        of = {m: i for i, ms in enumerate(groups) for m in ms}
+        deps = [set() for _ in groups]
+        for (p, c), _ in self.a.edges.items():
+            if p in of and c in of and of[p] != of[c]:
+                deps[of[c]].add(of[p])
+        done: set[int] = set()
+        out = []
+        ready = sorted(range(len(groups)), key=lambda i: self.order[groups[i][0]])
+        while ready:
+            i = next(i for i in ready if deps[i] <= done)
+            ready.remove(i)
+            done.add(i)
+            out.append(groups[i])
+        return out
 
     def _kind(self, ms: list[str]) -> str:
         if isinstance(self.items[ms[0]], Opaque):

@@ -46,6 +46,12 @@ def relation(load: Load, reduce_vars: frozenset) -> str:
     return ONE
 
 
+def in_row(index: tuple, axes: tuple, shape: tuple) -> bool:
+    """Does a load at `index` read the row its reader computes (every dim but the last
+    indexed by the reader's own loop variable, or 0 where the dim is 1)?"""
+    return all(i == a or (d == 1 and i == 0) for i, a, d in zip(index[:-1], axes[:-1], shape[:-1]))
+
+
 def has_reduce(s: Scalar) -> bool:
     """Does `s` contain a reduction (in its body or in a gather index)?"""
     if isinstance(s, Reduce):

@@ -105,3 +105,21 @@ def fmt_te(t: TE | Opaque) -> str:
     idx = ", ".join(a.name for a in t.axes)
     dom = ", ".join(f"{a.name} < {fmt(d)}" for a, d in zip(t.axes, t.shape))
     return f"{t.name}[{idx}] = {fmt_scalar(t.body)}" + (f"   for {dom}" if dom else "")
+
+
+def substitute(s: Scalar, mapping: dict) -> Scalar:
+    """`s` with loop variables replaced by index expressions (a load of a generator
+    becomes the generator's body at the load's index)."""
+
+    def idx(i):
+        return i.xreplace(mapping) if isinstance(i, sympy.Expr) else substitute(i, mapping)
+
+    if isinstance(s, Load):
+        return Load(s.tensor, tuple(idx(i) for i in s.index))
+    if isinstance(s, Index):
+        return Index(s.expr.xreplace(mapping), s.dtype)
+    if isinstance(s, Call):
+        return Call(s.fn, tuple(substitute(a, mapping) for a in s.args), s.dtype, s.params)
+    if isinstance(s, Reduce):
+        return Reduce(s.op, substitute(s.body, mapping), s.axes, s.dtype)
+    return s

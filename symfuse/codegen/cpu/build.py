@@ -1,0 +1,73 @@
+"""Building generated C++ into a shared library, cached on disk by content hash.
+
+The key hashes the source, the compiler's version and the flags. An entry is written
+atomically (compiled to a temporary name, then renamed) with a sidecar holding the
+library's SHA-256; an entry whose sidecar is missing or does not match is rebuilt, never
+loaded. The library links against the OpenMP runtime already loaded by torch, so the
+process has one thread pool.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import subprocess
+import tempfile
+import time
+
+from symfuse.options import Options
+
+log = logging.getLogger("symfuse")
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+@functools.cache
+def compiler_version(cxx: str) -> str:
+    try:
+        r = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise BuildError(f"the C++ compiler {cxx!r} cannot be run ({e}); set CXX to a working g++ or clang++") from e
+    return r.stdout.splitlines()[0]
+
+
+def _digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def build(source: str, opts: Options) -> tuple[str, bool, float]:
+    """Path of the library built from `source`, whether it came from the cache, seconds spent."""
+    flags = list(opts.cxx_flags)
+    key = hashlib.sha256("\0".join([source, compiler_version(opts.cxx), *flags]).encode()).hexdigest()[:24]
+    os.makedirs(opts.kernel_cache, exist_ok=True)
+    lib = os.path.join(opts.kernel_cache, f"sf_{key}.so")
+    stamp = lib + ".sha256"
+    t0 = time.perf_counter()
+    if os.path.exists(lib) and os.path.exists(stamp):
+        with open(stamp) as f:
+            if f.read().strip() == _digest(lib):
+                return lib, True, time.perf_counter() - t0
+        log.warning("symfuse: cache entry %s does not match its checksum; rebuilding", lib)
+    fd, src = tempfile.mkstemp(suffix=".cpp", dir=opts.kernel_cache)
+    with os.fdopen(fd, "w") as f:
+        f.write(source)
+    tmp = src[:-4] + ".so"
+    cmd = [opts.cxx, *flags, "-shared", src, "-o", tmp, "-lmvec"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    os.unlink(src)
+    if r.returncode != 0:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise BuildError(f"generated C++ failed to compile ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
+    digest = _digest(tmp)
+    os.replace(tmp, lib)
+    fd, tmp_stamp = tempfile.mkstemp(dir=opts.kernel_cache)
+    with os.fdopen(fd, "w") as f:
+        f.write(digest)
+    os.replace(tmp_stamp, stamp)
+    return lib, False, time.perf_counter() - t0

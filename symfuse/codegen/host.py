@@ -1,0 +1,147 @@
+"""Host code: one generated Python function that runs a schedule.
+
+It binds every size from the symbols, allocates each buffer at its strides, calls the
+native kernels (ctypes), the library GEMMs and the torch references of opaque ops in
+order, frees each buffer after its last use, and returns the outputs. Everything that does
+not depend on a call (weights reordered for oneDNN, kernel handles, attribute evaluators)
+is prepared once and reached through the function's namespace. The source is readable and
+is written to the dump folder with the C++.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from symfuse import ops
+from symfuse.codegen.cpu.kernel import KernelSource
+from symfuse.ir.dims import to_python
+from symfuse.reference import attr_evaluator
+from symfuse.schedule.layout import View
+from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep, Schedule
+
+
+@dataclass
+class HostCode:
+    source: str
+    constants: dict[str, str] = field(default_factory=dict)  # namespace name -> constant value name
+    packed: dict[str, str] = field(default_factory=dict)  # namespace name -> weight to reorder for oneDNN
+    opaque: dict[str, tuple] = field(default_factory=dict)  # namespace name -> (reference fn, attr evaluator)
+    kernels: dict[str, int] = field(default_factory=dict)  # native kernel -> number of buffer arguments
+
+
+class _Host:
+    def __init__(self, sched: Schedule, kernels: dict[str, KernelSource], symbols: list[str]) -> None:
+        self.s, self.kernels, self.symbols = sched, kernels, symbols
+        self.names = {sympy.Symbol(n, integer=True, positive=True): f"s_{n}" for n in symbols}
+        self.code = HostCode("")
+        self.lines: list[str] = []
+        g = sched.graph
+        self.const = {v.name for v in g.constants}
+        self.inputs = [v.name for v in g.inputs]
+
+    def py(self, e) -> str:
+        return to_python(e, self.names)
+
+    def tup(self, dims) -> str:
+        return "(" + "".join(self.py(d) + ", " for d in dims) + ")"
+
+    def ref(self, name: str) -> str:
+        if name in self.const:
+            self.code.constants[f"c_{name}"] = name
+            return f"c_{name}"
+        return f"t_{name}"
+
+    def alloc(self, name: str) -> str:
+        b = self.s.buffers[name]
+        return f"t_{name} = empty_strided({self.tup(b.shape)}, {self.tup(b.strides)}, dtype={b.dtype.torch})"
+
+    def view(self, v: View) -> str:
+        return f"as_strided({self.ref(v.buffer)}, {self.tup(v.sizes)}, {self.tup(v.strides)}, {self.py(v.offset)})"
+
+    def native(self, st: NativeStep) -> list[str]:
+        src = self.kernels[st.name]
+        self.code.kernels[st.name] = len(src.args)
+        out = [self.alloc(n) for n in src.args[: src.n_outputs]]
+        rows = self.py(sympy.Mul(*st.rows)) if st.rows else "1"
+        ptrs = ", ".join(f"{self.ref(n)}.data_ptr()" for n in src.args)
+        out.append(f"k.{st.name}({ptrs}, sym, 0, {rows})")
+        return out
+
+    def gemm(self, st: GemmStep) -> list[str]:
+        out = []
+        if st.weight is not None:
+            w = f"w_{st.weight}"
+            self.code.packed[w] = st.weight
+            bias = self.ref(st.bias) if st.bias else "None"
+            attr, algo = st.postop or ("none", "")
+            out.append(f"t_{st.out} = linear({self.view(st.a)}, {w}, {bias}, {attr!r}, [], {algo!r})")
+        else:
+            out.append(self.alloc(st.out))
+            out.append(f"matmul({self.view(st.a)}, {self.view(st.b)}, out=t_{st.out})")
+            if st.bias:
+                out.append(f"t_{st.out} += {self.ref(st.bias)}")
+        if st.epilogue is not None:
+            out += self.native(st.epilogue)
+        return out
+
+    def opaque(self, st: OpaqueStep) -> list[str]:
+        n = st.node
+        opdef = ops.get(n.op)
+        fn = f"op_{st.name}"
+        self.code.opaque[fn] = (opdef.ref, attr_evaluator(dict(n.attrs)))
+        args = [self.ref(v.name) if v is not None else "None" for v in n.inputs]
+        if opdef.variadic:
+            packed = opdef.pack(args)
+            args = [f"[{', '.join(a)}]" if isinstance(a, list) else a for a in packed]
+        outs = ", ".join(f"t_{v.name}" for v in n.outputs)
+        lines = [f"{outs} = {fn}[0]({', '.join(args)}, **{fn}[1](b))"]
+        lines += [f"t_{v.name} = t_{v.name}.contiguous()" for v in n.outputs]
+        return lines
+
+    def generate(self) -> HostCode:
+        s = self.s
+        body: list[list[str]] = []
+        reads: list[set[str]] = []
+        for st in s.steps:
+            if isinstance(st, NativeStep):
+                lines = self.native(st)
+            elif isinstance(st, GemmStep):
+                lines = self.gemm(st)
+            else:
+                lines = self.opaque(st)
+            body.append([f"# {st.name}"] + lines)
+            reads.append({w[2:] for line in lines for w in _words(line) if w.startswith("t_")})
+        last: dict[str, int] = {}
+        for i, r in enumerate(reads):
+            for name in r:
+                last[name] = i
+        keep = set(s.outputs) | set(self.inputs)
+        out = ["def run(inputs, b):"]
+        out += [f"    s_{n} = b[{n!r}]" for n in self.symbols]
+        out.append(f"    sym = Sym({', '.join(f's_{n}' for n in self.symbols)})")
+        out += [f"    t_{n} = inputs[{i}].contiguous()" for i, n in enumerate(self.inputs)]
+        for i, lines in enumerate(body):
+            out += ["    " + line for line in lines]
+            dead = sorted(n for n, j in last.items() if j == i and n not in keep)
+            if dead:
+                out.append("    del " + ", ".join(f"t_{n}" for n in dead))
+        out.append("    check()")
+        out.append("    return [" + ", ".join(self.ref(n) for n in s.outputs) + "]")
+        self.code.source = "\n".join(out) + "\n"
+        return self.code
+
+
+def _words(line: str):
+    word = []
+    for ch in line + " ":
+        if ch.isalnum() or ch == "_":
+            word.append(ch)
+        elif word:
+            yield "".join(word)
+            word = []
+
+
+def generate_host(sched: Schedule, kernels: dict[str, KernelSource], symbols: list[str]) -> HostCode:
+    return _Host(sched, kernels, symbols).generate()

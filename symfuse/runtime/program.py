@@ -1,0 +1,80 @@
+"""Running a compiled program: the native library, the host function, the library GEMMs.
+
+Imports nothing from the compiler: it gets the host function's source, the library's path,
+the kernels' arities and the prepared tensors, and puts them together once. A call is
+then one Python function that binds the sizes and runs every step.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+
+import torch
+
+
+class NativeIndexError(IndexError):
+    pass
+
+
+class Program:
+    def __init__(
+        self,
+        source: str,
+        library: str,
+        kernels: dict[str, int],
+        n_symbols: int,
+        tensors: dict[str, torch.Tensor],
+        functions: dict[str, object],
+        describe: Callable[[int], str],
+    ) -> None:
+        self.source = source
+        self.library = library
+        lib = ctypes.CDLL(library)
+        self._lib = lib
+        sym_t = ctypes.c_int64 * max(n_symbols, 1)
+        ptr = ctypes.POINTER(ctypes.c_int64)
+
+        class Kernels:
+            pass
+
+        ks = Kernels()
+        for name in sorted(kernels):
+            f = getattr(lib, name)
+            f.argtypes = [ctypes.c_void_p] * kernels[name] + [ptr, ctypes.c_int64, ctypes.c_int64]
+            f.restype = None
+            setattr(ks, name, f)
+        take = lib.sf_take_error
+        take.argtypes = [ptr]
+        take.restype = ctypes.c_int64
+        err = (ctypes.c_int64 * 3)()
+
+        def check() -> None:
+            if take(err) >= 0:
+                raise NativeIndexError(
+                    f"index {err[0]} is out of range for a dim of size {err[1]} in {describe(err[2])}"
+                )
+
+        ns = {
+            "Sym": sym_t,
+            "k": ks,
+            "check": check,
+            "empty_strided": torch.empty_strided,
+            "as_strided": torch.as_strided,
+            "linear": torch.ops.mkldnn._linear_pointwise,
+            "matmul": torch.matmul,
+            "torch": torch,
+            **tensors,
+            **functions,
+        }
+        exec(compile(source, "<symfuse host>", "exec"), ns)  # noqa: S102
+        self._run = ns["run"]
+
+    def __call__(self, inputs: list[torch.Tensor], binding: dict[str, int]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return self._run(inputs, binding)
+
+
+def reorder_weight(w: torch.Tensor) -> torch.Tensor:
+    """A linear layer's weight in oneDNN's blocked layout, for every number of rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
