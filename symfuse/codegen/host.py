@@ -19,6 +19,7 @@ from symfuse.codegen.cpu.kernel import KernelSource
 from symfuse.ir.dims import to_python
 from symfuse.reference import attr_evaluator
 from symfuse.schedule.layout import View
+from symfuse.schedule.memory import MemoryPlan, aligned, plan_memory
 from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep, Schedule
 
 
@@ -54,11 +55,20 @@ class _Host:
         return f"t_{name}"
 
     def alloc(self, name: str) -> str:
+        return f"@alloc {name}"  # resolved once the memory plan is known
+
+    def resolve(self, line: str, mem: MemoryPlan) -> str:
+        if not line.startswith("@alloc "):
+            return line
+        name = line.split()[1]
         b = self.s.buffers[name]
-        return f"t_{name} = empty_strided({self.tup(b.shape)}, {self.tup(b.strides)}, dtype={b.dtype.torch})"
+        if name not in mem.slot_of:
+            return f"t_{name} = empty_strided({self.tup(b.shape)}, {self.tup(b.strides)}, dtype={b.dtype.torch})"
+        item = b.dtype.torch.itemsize
+        return f"t_{name} = as_strided(ws_{b.dtype.name}, {self.tup(b.shape)}, {self.tup(b.strides)}, z{mem.slot_of[name]} // {item})"
 
     def view(self, v: View) -> str:
-        return f"as_strided({self.ref(v.buffer)}, {self.tup(v.sizes)}, {self.tup(v.strides)}, {self.py(v.offset)})"
+        return f"view({self.ref(v.buffer)}, {self.tup(v.sizes)}, {self.tup(v.strides)}, {self.py(v.offset)})"
 
     def native(self, st: NativeStep) -> list[str]:
         src = self.kernels[st.name]
@@ -118,19 +128,41 @@ class _Host:
             for name in r:
                 last[name] = i
         keep = set(s.outputs) | set(self.inputs)
-        out = ["def run(inputs, b):"]
+        defs = [[ln.split()[1] for ln in lines if ln.startswith("@alloc ") and ln.split()[1] not in keep] for lines in body]
+        nbytes = {n: aligned(sympy.Mul(*self.s.buffers[n].shape) * self.s.buffers[n].dtype.torch.itemsize) for d in defs for n in d}
+        mem = plan_memory(defs, reads, nbytes)
+        self.memory = mem
+        body = [[self.resolve(ln, mem) for ln in lines] for lines in body]
+        self.code.source = self.function("run", body, last, keep, timed=False)
+        self.code.source += "\n\n" + self.function("run_timed", body, last, keep, timed=True)
+        return self.code
+
+    def function(self, name: str, body: list[list[str]], last: dict, keep: set, timed: bool) -> str:
+        """`run(inputs, b)`; `run_timed(inputs, b, tick)` also calls `tick(step)` after each step."""
+        s = self.s
+        out = [f"def {name}(inputs, b{', tick' if timed else ''}):"]
         out += [f"    s_{n} = b[{n!r}]" for n in self.symbols]
         out.append(f"    sym = Sym({', '.join(f's_{n}' for n in self.symbols)})")
+        mem = self.memory
+        if mem.slot_sizes:  # slot offsets in the workspace for this binding
+            out.append("    z0 = 0")
+            for k, sizes in enumerate(mem.slot_sizes):
+                size = sizes[0] if len(sizes) == 1 else sympy.Max(*sizes)
+                out.append(f"    z{k + 1} = z{k} + {self.py(size)}")
+            out.append(f"    ws = workspace(z{len(mem.slot_sizes)})")
+            dtypes = sorted({s.buffers[n].dtype.name for n in mem.slot_of})
+            out += [f"    ws_{d} = ws.view(torch.{d})" for d in dtypes]
         out += [f"    t_{n} = inputs[{i}].contiguous()" for i, n in enumerate(self.inputs)]
         for i, lines in enumerate(body):
             out += ["    " + line for line in lines]
+            if timed:
+                out.append(f"    tick({s.steps[i].name!r})")
             dead = sorted(n for n, j in last.items() if j == i and n not in keep)
             if dead:
                 out.append("    del " + ", ".join(f"t_{n}" for n in dead))
         out.append("    check()")
         out.append("    return [" + ", ".join(self.ref(n) for n in s.outputs) + "]")
-        self.code.source = "\n".join(out) + "\n"
-        return self.code
+        return "\n".join(out) + "\n"
 
 
 def _words(line: str):

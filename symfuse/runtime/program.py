@@ -8,6 +8,8 @@ then one Python function that binds the sizes and runs every step.
 from __future__ import annotations
 
 import ctypes
+import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -55,12 +57,22 @@ class Program:
                     f"index {err[0]} is out of range for a dim of size {err[1]} in {describe(err[2])}"
                 )
 
+        local = threading.local()  # one workspace per calling thread
+
+        def workspace(nbytes: int) -> torch.Tensor:
+            ws = getattr(local, "ws", None)
+            if ws is None or ws.numel() < nbytes:
+                ws = local.ws = torch.empty(max(nbytes, 64), dtype=torch.uint8)
+            return ws
+
         ns = {
+            "workspace": workspace,
             "Sym": sym_t,
             "k": ks,
             "check": check,
             "empty_strided": torch.empty_strided,
             "as_strided": torch.as_strided,
+            "view": _view,
             "linear": torch.ops.mkldnn._linear_pointwise,
             "matmul": torch.matmul,
             "torch": torch,
@@ -69,10 +81,31 @@ class Program:
         }
         exec(compile(source, "<symfuse host>", "exec"), ns)  # noqa: S102
         self._run = ns["run"]
+        self._run_timed = ns["run_timed"]
 
     def __call__(self, inputs: list[torch.Tensor], binding: dict[str, int]) -> list[torch.Tensor]:
         with torch.no_grad():
             return self._run(inputs, binding)
+
+    def profile(self, inputs: list[torch.Tensor], binding: dict[str, int]) -> list[tuple[str, float]]:
+        """Seconds spent in each step of one call (the binding and guard excluded)."""
+        times: list[tuple[str, float]] = []
+        last = [time.perf_counter()]
+
+        def tick(step: str) -> None:
+            now = time.perf_counter()
+            times.append((step, now - last[0]))
+            last[0] = now
+
+        with torch.no_grad():
+            last[0] = time.perf_counter()
+            self._run_timed(inputs, binding, tick)
+        return times
+
+
+def _view(t: torch.Tensor, sizes: tuple, strides: tuple, offset: int) -> torch.Tensor:
+    """A strided view of a buffer, `offset` elements from the buffer's own start."""
+    return t.as_strided(sizes, strides, t.storage_offset() + offset)
 
 
 def reorder_weight(w: torch.Tensor) -> torch.Tensor:

@@ -210,10 +210,9 @@ def softmax_rule(lw, node, x, dim):
     def shifted_exp(idx):
         return Call("exp", (Call("sub", (x(idx), top(along(idx, zero))), dt),), dt)
 
-    total = lw.te(
-        f"{name}_sum", row, dt, lambda idx: Reduce("sum", shifted_exp(along(idx, r)), ((r, shape[k]),), dt), aux=True
-    )
-    return lambda idx: Call("div", (shifted_exp(idx), total(along(idx, zero))), dt)
+    e = lw.te(f"{name}_exp", shape, dt, shifted_exp, aux=True)  # computed once, read by the sum and the division
+    total = lw.te(f"{name}_sum", row, dt, lambda idx: Reduce("sum", e(along(idx, r)), ((r, shape[k]),), dt), aux=True)
+    return lambda idx: Call("div", (e(idx), total(along(idx, zero))), dt)
 
 
 def layer_norm_rule(lw, node, x, weight, bias, normalized_shape, eps):
