@@ -106,19 +106,22 @@ def _steps_section(native) -> list[str]:
     out = [f"\nexecution ({len(steps)} steps; every size a run-time symbol):"]
     fallbacks = []
     for st in steps:
-        if isinstance(st, NativeStep):
+        if isinstance(st, NativeStep) and st.name not in native.kernels:
+            out.append(f"  {st.name}: tensor expressions through torch (no C++ for them) [{st.kind}]")
+            fallbacks.append(f"kernel {st.name}")
+        elif isinstance(st, NativeStep):
             out.append(f"  {st.name}: native C++ [{st.kind}] writes {', '.join(st.outputs)}")
         elif isinstance(st, GemmStep):
             lib = "oneDNN linear, weights reordered once" if st.weight else "torch.matmul on strided views"
             if st.postop:
                 lib += f", {st.postop[0]} as a post-op"
-            epi = f"; epilogue {st.epilogue.name} (native C++)" if st.epilogue else ""
+            epi = f"; epilogue {st.epilogue.name} (native C++ over the GEMM's output)" if st.epilogue else ""
             out.append(f"  {st.name}: {lib}{epi}")
         elif isinstance(st, OpaqueStep):
             out.append(f"  {st.name}: torch reference of {st.node.op} (no TE lowering)  [{st.node.loc}]")
             fallbacks.append(st.node.op)
     out += [f"  note: {n}" for n in native.schedule.notes]
     if fallbacks:
-        out.append(f"ops run through torch inside the compiled program: {', '.join(sorted(set(fallbacks)))}")
+        out.append(f"run through torch inside the compiled program: {', '.join(sorted(set(fallbacks)))}")
     out.append("compile time: " + ", ".join(f"{k} {v:.2f}s" for k, v in native.seconds.items()))
     return out

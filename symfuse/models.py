@@ -111,7 +111,7 @@ def vit(
     def make(g, B):
         return {"pixel_values": torch.randn(B, 3, image, image, generator=g)}
 
-    sweep = [dict(B=b) for b in (1, 2, 3, 5, 16)]
+    sweep = [dict(B=b) for b in (1, 2, 3, 4, 5, 7, 8, 16)]
     return ModelCase(name, m, {"pixel_values": {0: "B"}}, make, dict(B=2), sweep, {})
 
 
@@ -153,6 +153,7 @@ def resnet(name: str = "resnet") -> ModelCase:
         return {"x": torch.randn(B, 3, H, H, generator=g)}
 
     sweep = [dict(B=1, H=8), dict(B=2, H=13), dict(B=1, H=16), dict(B=3, H=31), dict(B=2, H=64), dict(B=1, H=97)]
+    sweep += [dict(B=8, H=7), dict(B=5, H=48)]
     return ModelCase(name, m, {"x": {0: "B", 2: "H", 3: "H"}}, make, dict(B=2, H=32), sweep, {})
 
 
@@ -175,6 +176,7 @@ def lstm(name: str = "lstm") -> ModelCase:
         return {"x": torch.randn(B, T, 32, generator=g)}
 
     sweep = [dict(B=1, T=1), dict(B=2, T=7), dict(B=1, T=16), dict(B=3, T=31), dict(B=4, T=64)]
+    sweep += [dict(B=8, T=2), dict(B=5, T=13), dict(B=1, T=128)]
     return ModelCase(name, m, {"x": {0: "B", 1: "T"}}, make, dict(B=2, T=5), sweep, {})
 
 

@@ -12,7 +12,15 @@ class Options:
     cache_dir: str = ""  # compiled kernels, keyed by a content hash; "" means the default
     dump_dir: str = ""  # when set, every stage is written here (graph, TEs, plan, C++, host code)
     cxx: str = "g++"
-    cxx_flags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-std=c++17")
+    cxx_flags: tuple[str, ...] = (
+        "-O3",
+        "-march=native",
+        "-fopenmp",
+        "-fno-math-errno",
+        "-fno-trapping-math",
+        "-fPIC",
+        "-std=c++17",
+    )
 
     @staticmethod
     def from_env(**overrides) -> Options:

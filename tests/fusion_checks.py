@@ -39,7 +39,7 @@ def assert_bert_layers(compiled, n_layers: int) -> None:
             assert [nodes[m].op for m in k.members if m in nodes] == ["add", "layer_norm"]
             assert {m.rsplit("_", 1)[1] for m in k.members if m not in nodes} == {"mean", "var"}
         (soft,) = [k for k in ks if any(m.endswith("_probs") for m in k.members)]
-        assert [m.rsplit("_", 1)[1] for m in soft.members] == ["scaled", "masked", "max", "sum", "probs"]
+        assert [m.rsplit("_", 1)[1] for m in soft.members] == ["scaled", "masked", "max", "exp", "sum", "probs"]
         (ffn,) = [k for k in ks if k.kind == "gemm+epilogue"]
         assert [nodes[m].op for m in ffn.members] == ["linear", "gelu"]  # bias is inside the linear's TE
         # Q, K and V merged horizontally into one GEMM; then scores, context, output, FFN down
@@ -50,3 +50,28 @@ def assert_bert_layers(compiled, n_layers: int) -> None:
             and nodes[qkv.members[0]].inputs[1].type.shape[0] == 3 * nodes[qkv.members[0]].inputs[0].type.shape[-1]
         )
         assert not any(nodes.get(m) is not None and nodes[m].op in layout for k in ks for m in k.members)
+
+
+def assert_bert_execution(compiled, n_layers: int) -> None:
+    """The plan runs as planned: one step per kernel, each fused kernel in generated C++,
+    GELU as the FFN GEMM's post-op, no copies for layouts, torch only for `index`."""
+    from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep
+
+    be = compiled.native
+    assert be is not None, "compiled on the CPU backend"
+    _, nodes, per = kernels_per_layer(compiled)
+    steps = {s.name: s for s in be.schedule.steps}
+    assert len(steps) == len(be.plan.kernels), "no copy or materialisation steps beyond the plan"
+    assert not any(s.kind == "copy" for s in steps.values() if isinstance(s, NativeStep))
+    assert {s.node.op for s in steps.values() if isinstance(s, OpaqueStep)} == {"index"}
+    for i, ks in per.items():
+        assert len(ks) == 9
+        for k in ks:
+            st = steps[k.name]
+            if k.kind in ("reduction", "loop"):
+                assert isinstance(st, NativeStep) and st.name in be.kernels, f"layer {i}: {k} has no C++"
+            else:
+                assert isinstance(st, GemmStep), f"layer {i}: {k}"
+        (ffn,) = [steps[k.name] for k in ks if k.kind == "gemm+epilogue"]
+        assert ffn.postop == ("gelu", "none") and ffn.epilogue is None
+        assert sum(isinstance(steps[k.name], NativeStep) for k in ks) == 3  # 2 layer norms, 1 softmax

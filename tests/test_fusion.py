@@ -2,13 +2,14 @@
 
 import symfuse
 from symfuse.models import load
-from tests.fusion_checks import assert_bert_layers, kernels_per_layer
+from tests.fusion_checks import assert_bert_execution, assert_bert_layers, kernels_per_layer
 
 
 def test_bert_small_layer_kernels_and_refusal_log():
     case = load("bert-small")
     c = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic)
     assert_bert_layers(c, 4)
+    assert_bert_execution(c, 4)
     fp, _, _ = kernels_per_layer(c)
     reasons = {d.reason for d in fp.refused()}
     assert "a library GEMM takes its operands from memory (no prologue fusion)" in reasons

@@ -121,7 +121,8 @@ def test_every_registered_op_has_a_case():
 
 
 def one_op_graph(op: str):
-    """The graph of one op of CASES over symbolic inputs, and a maker of random inputs."""
+    """The graph of one op of CASES over symbolic inputs, a maker of random inputs, and the
+    graph's shape store."""
     specs, attrs = CASES[op]
     b = GraphBuilder(op)
     b.store.declare("B")
@@ -132,12 +133,12 @@ def one_op_graph(op: str):
     def inputs(binding, gen):
         return [_tensor([evaluate(d, binding) for d in s[0]], s[1], s[2], gen) for s in specs if s is not None]
 
-    return g, inputs
+    return g, inputs, b.store
 
 
 @pytest.mark.parametrize("op", sorted(CASES))
 def test_op_rules_match_reference(op):
-    g, inputs = one_op_graph(op)
+    g, inputs, _ = one_op_graph(op)
     run = ReferenceExecutor(g)
     gen = torch.Generator().manual_seed(1)
     for binding in BINDINGS:

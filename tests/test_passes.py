@@ -88,3 +88,30 @@ def test_merge_parallel_linears_keeps_semantics():
         t = torch.randn(binding["B"], binding["S"], 8, generator=gen)
         for want, got in zip(before.run(binding, [t]), after.run(binding, [t])):
             assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_canonical_linears_keeps_semantics():
+    """GPT-2's Conv1D: matmul by a constant [K, N] plus a constant bias becomes one linear;
+    a matmul whose output is also read elsewhere keeps its add."""
+    from symfuse.passes import canonical_linears
+
+    b = GraphBuilder("conv1d")
+    b.store.declare("B")
+    b.store.declare("S")
+    x = b.input("x", (B, S, 8), DType.float32)
+    gen = torch.Generator().manual_seed(0)
+    (m,) = b.add("matmul", [x, b.constant("w", torch.randn(8, 6, generator=gen))])
+    (y,) = b.add("add", [b.constant("bias", torch.randn(6, generator=gen)), m])
+    (m2,) = b.add("matmul", [y, b.constant("w2", torch.randn(6, 4, generator=gen))])
+    (y2,) = b.add("add", [m2, b.constant("bias2", torch.randn(4, generator=gen))])
+    g = b.finish([y2, m2])
+    g2 = canonical_linears(g, b.store)
+    verify(g2)
+    assert reinfer(g2, b.store) == []
+    assert [n.op for n in g2.nodes] == ["linear", "linear", "add"]
+    assert g2.nodes[0].inputs[2] is not None and g2.nodes[1].inputs[2] is None
+    before, after = ReferenceExecutor(g), ReferenceExecutor(g2)
+    for binding in [dict(B=1, S=1), dict(B=2, S=7), dict(B=1, S=16)]:
+        t = torch.randn(binding["B"], binding["S"], 8, generator=gen)
+        for want, got in zip(before.run(binding, [t]), after.run(binding, [t])):
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -13,7 +13,9 @@ import time
 from dataclasses import dataclass, field
 
 from symfuse.codegen.cpu.build import build
-from symfuse.codegen.cpu.kernel import PREAMBLE, KernelSource, emit_kernel
+from symfuse.codegen.cpu.gemm import SOURCE as GEMM_SOURCE
+from symfuse.codegen.cpu.gemm import pack_panels
+from symfuse.codegen.cpu.kernel import PREAMBLE, CodegenError, KernelSource, emit_kernel
 from symfuse.codegen.host import generate_host
 from symfuse.fusion.plan import Plan, plan
 from symfuse.ir.graph import Graph, print_graph
@@ -60,8 +62,14 @@ def compile_program(graph: Graph, store: ShapeStore, opts: Options) -> Backend:
     t0 = time.perf_counter()
     symbols = list(store.symbols)
     natives = native_steps(sched)
-    kernels = {st.name: emit_kernel(st, sched.buffers, symbols, i) for i, st in enumerate(natives)}
-    source = PREAMBLE + "\n" + "\n\n".join(k.source for k in kernels.values()) + "\n"
+    kernels: dict[str, KernelSource] = {}
+    gathers: list[str] = []
+    for st in natives:
+        try:
+            kernels[st.name] = emit_kernel(st, sched.buffers, symbols, gathers)
+        except CodegenError as e:
+            sched.notes.append(f"{st.name} runs its tensor expressions through torch: {e}")
+    source = PREAMBLE + GEMM_SOURCE + "\n" + "\n\n".join(k.source for k in kernels.values()) + "\n"
     host = generate_host(sched, kernels, symbols)
     t["generate C++ and host code"] = time.perf_counter() - t0
     library, cached, secs = build(source, opts)
@@ -70,10 +78,10 @@ def compile_program(graph: Graph, store: ShapeStore, opts: Options) -> Backend:
     consts = {v.name: tensor for v, tensor in graph.constants.items()}
     tensors = {k: consts[v].contiguous() for k, v in host.constants.items()}
     tensors.update({k: reorder_weight(consts[v]) for k, v in host.packed.items()})
+    tensors.update({k: pack_panels(consts[v]) for k, v in host.panels.items()})
 
     def describe(i: int) -> str:
-        st = natives[i] if 0 <= i < len(natives) else None
-        return f"kernel {st.name} ({', '.join(m.name for m in st.members)})" if st else f"kernel #{i}"
+        return gathers[i] if 0 <= i < len(gathers) else f"gather #{i}"
 
     program = Program(host.source, library, host.kernels, len(symbols), tensors, dict(host.opaque), describe)
     t["load"] = time.perf_counter() - t0

@@ -15,12 +15,15 @@ from dataclasses import dataclass, field
 import sympy
 
 from symfuse import ops
+from symfuse.codegen.cpu.gemm import MAX_ROWS, activation_code
 from symfuse.codegen.cpu.kernel import KernelSource
 from symfuse.ir.dims import to_python
+from symfuse.ir.dtypes import DType
 from symfuse.reference import attr_evaluator
-from symfuse.schedule.layout import View
+from symfuse.schedule.layout import View, as_matrix
 from symfuse.schedule.memory import MemoryPlan, aligned, plan_memory
 from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep, Schedule
+from symfuse.te.analysis import loads
 
 
 @dataclass
@@ -28,6 +31,7 @@ class HostCode:
     source: str
     constants: dict[str, str] = field(default_factory=dict)  # namespace name -> constant value name
     packed: dict[str, str] = field(default_factory=dict)  # namespace name -> weight to reorder for oneDNN
+    panels: dict[str, str] = field(default_factory=dict)  # namespace name -> weight to pack for sf_linear_rows
     opaque: dict[str, tuple] = field(default_factory=dict)  # namespace name -> (reference fn, attr evaluator)
     kernels: dict[str, int] = field(default_factory=dict)  # native kernel -> number of buffer arguments
 
@@ -58,20 +62,34 @@ class _Host:
         return f"@alloc {name}"  # resolved once the memory plan is known
 
     def resolve(self, line: str, mem: MemoryPlan) -> str:
-        if not line.startswith("@alloc "):
+        if not line.strip().startswith("@alloc "):
             return line
+        indent = line[: len(line) - len(line.lstrip())]
         name = line.split()[1]
         b = self.s.buffers[name]
+        shape, strides = self.tup(b.shape), self.tup(b.strides)
         if name not in mem.slot_of:
-            return f"t_{name} = empty_strided({self.tup(b.shape)}, {self.tup(b.strides)}, dtype={b.dtype.torch})"
+            return f"{indent}t_{name} = empty_strided({shape}, {strides}, dtype={b.dtype.torch})"
         item = b.dtype.torch.itemsize
-        return f"t_{name} = as_strided(ws_{b.dtype.name}, {self.tup(b.shape)}, {self.tup(b.strides)}, z{mem.slot_of[name]} // {item})"
+        return f"{indent}t_{name} = as_strided(ws_{b.dtype.name}, {shape}, {strides}, z{mem.slot_of[name]} // {item})"
 
     def view(self, v: View) -> str:
         return f"view({self.ref(v.buffer)}, {self.tup(v.sizes)}, {self.tup(v.strides)}, {self.py(v.offset)})"
 
     def native(self, st: NativeStep) -> list[str]:
-        src = self.kernels[st.name]
+        src = self.kernels.get(st.name)
+        if src is None:  # no C++ for it: its TEs run through the torch TE interpreter
+            fn = f"te_{st.name}"
+            self.code.opaque[fn] = (torch_kernel(st), None)
+            ins = sorted(
+                {ld.tensor for m in st.members for ld, _ in loads(m.body)}
+                - {m.name for m in st.members}
+                - set(st.inline)
+            )
+            out = [self.alloc(n) for n in st.outputs]
+            env = ", ".join(f"{n!r}: {self.ref(n)}" for n in ins + st.outputs)
+            out.append(f"{fn}[0]({{{env}}}, b)")
+            return out
         self.code.kernels[st.name] = len(src.args)
         out = [self.alloc(n) for n in src.args[: src.n_outputs]]
         rows = self.py(sympy.Mul(*st.rows)) if st.rows else "1"
@@ -86,7 +104,26 @@ class _Host:
             self.code.packed[w] = st.weight
             bias = self.ref(st.bias) if st.bias else "None"
             attr, algo = st.postop or ("none", "")
-            out.append(f"t_{st.out} = linear({self.view(st.a)}, {w}, {bias}, {attr!r}, [], {algo!r})")
+            library = f"t_{st.out} = linear({self.view(st.a)}, {w}, {bias}, {attr!r}, [], {algo!r})"
+            mat = as_matrix(st.a)
+            if mat is None or self.s.buffers[st.a.buffer].dtype is not DType.float32:
+                out.append(library)
+            else:  # two versions, picked per call from the row count
+                rows, lda = mat
+                n, k = (int(d) for d in self.s.graph.constants_by_name()[st.weight].shape)
+                p = f"p_{st.weight}"
+                self.code.panels[p] = st.weight
+                a = f"{self.ref(st.a.buffer)}.data_ptr() + {self.py(st.a.offset)} * 4"
+                b = f"{self.ref(st.bias)}.data_ptr()" if st.bias else "None"
+                act = activation_code(st.postop)
+                out.append(f"if {self.py(rows)} <= {MAX_ROWS}:")
+                out.append("    " + self.alloc(st.out))
+                out.append(
+                    f"    k.sf_linear_rows({a}, {self.py(lda)}, {p}.data_ptr(), {b}, t_{st.out}.data_ptr(), "
+                    f"{n}, {self.py(rows)}, {n}, {k}, {act})"
+                )
+                out.append("else:")
+                out.append("    " + library)
         else:
             out.append(self.alloc(st.out))
             out.append(f"matmul({self.view(st.a)}, {self.view(st.b)}, out=t_{st.out})")
@@ -128,8 +165,13 @@ class _Host:
             for name in r:
                 last[name] = i
         keep = set(s.outputs) | set(self.inputs)
-        defs = [[ln.split()[1] for ln in lines if ln.startswith("@alloc ") and ln.split()[1] not in keep] for lines in body]
-        nbytes = {n: aligned(sympy.Mul(*self.s.buffers[n].shape) * self.s.buffers[n].dtype.torch.itemsize) for d in defs for n in d}
+        defs = [[ln.split()[1] for ln in lines if ln.strip().startswith("@alloc ")] for lines in body]
+        defs = [[n for n in d if n not in keep] for d in defs]
+        nbytes = {
+            n: aligned(sympy.Mul(*self.s.buffers[n].shape) * self.s.buffers[n].dtype.torch.itemsize)
+            for d in defs
+            for n in d
+        }
         mem = plan_memory(defs, reads, nbytes)
         self.memory = mem
         body = [[self.resolve(ln, mem) for ln in lines] for lines in body]
@@ -138,7 +180,8 @@ class _Host:
         return self.code
 
     def function(self, name: str, body: list[list[str]], last: dict, keep: set, timed: bool) -> str:
-        """`run(inputs, b)`; `run_timed(inputs, b, tick)` also calls `tick(step)` after each step."""
+        """`run(inputs, b)`; `run_timed(inputs, b, tick)` also calls `tick(step, seconds)` with the
+        time spent in each step's kernel and library calls."""
         s = self.s
         out = [f"def {name}(inputs, b{', tick' if timed else ''}):"]
         out += [f"    s_{n} = b[{n!r}]" for n in self.symbols]
@@ -154,15 +197,45 @@ class _Host:
             out += [f"    ws_{d} = ws.view(torch.{d})" for d in dtypes]
         out += [f"    t_{n} = inputs[{i}].contiguous()" for i, n in enumerate(self.inputs)]
         for i, lines in enumerate(body):
+            if timed:  # time the compute calls alone: what is left of a call is overhead
+                calls = [j for j, line in enumerate(lines) if _is_compute(line)]
+                lines = list(lines)
+                lines.insert(calls[-1] + 1, f"tick({s.steps[i].name!r}, now() - t0)")
+                lines.insert(calls[0], "t0 = now()")
             out += ["    " + line for line in lines]
-            if timed:
-                out.append(f"    tick({s.steps[i].name!r})")
             dead = sorted(n for n, j in last.items() if j == i and n not in keep)
             if dead:
                 out.append("    del " + ", ".join(f"t_{n}" for n in dead))
         out.append("    check()")
         out.append("    return [" + ", ".join(self.ref(n) for n in s.outputs) + "]")
         return "\n".join(out) + "\n"
+
+
+def torch_kernel(st: NativeStep):
+    """Run a kernel's TEs through the TE interpreter, writing its outputs into their buffers."""
+    from symfuse.te.interp import run_te
+
+    def run(env: dict, b: dict) -> None:
+        env = dict(env)
+        for name, g in st.inline.items():
+            env.setdefault(name, run_te(g, env, b))
+        for m in st.members:
+            value = run_te(m, env, b)
+            if m.name in st.outputs:
+                env[m.name].copy_(value)
+            else:
+                env[m.name] = value
+
+    return run
+
+
+def _is_compute(line: str) -> bool:
+    """A line that calls a kernel, a library GEMM or torch (not an allocation or a view)."""
+    line = line.strip()
+    if line.startswith("# ") or line.startswith("@alloc") or ".contiguous()" in line:
+        return False
+    starts = ("k.", "te_", "matmul(", "if ", "else:")
+    return line.startswith(starts) or " = linear(" in line or " = op_" in line or "+=" in line
 
 
 def _words(line: str):

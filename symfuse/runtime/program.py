@@ -46,6 +46,10 @@ class Program:
             f.argtypes = [ctypes.c_void_p] * kernels[name] + [ptr, ctypes.c_int64, ctypes.c_int64]
             f.restype = None
             setattr(ks, name, f)
+        rows = lib.sf_linear_rows  # (A, lda, W panels, bias, C, ldc, M, N, K, activation)
+        rows.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5
+        rows.restype = None
+        ks.sf_linear_rows = rows
         take = lib.sf_take_error
         take.argtypes = [ptr]
         take.restype = ctypes.c_int64
@@ -53,9 +57,7 @@ class Program:
 
         def check() -> None:
             if take(err) >= 0:
-                raise NativeIndexError(
-                    f"index {err[0]} is out of range for a dim of size {err[1]} in {describe(err[2])}"
-                )
+                raise NativeIndexError(f"index {err[0]} is out of range [0, {err[1]}): {describe(err[2])}")
 
         local = threading.local()  # one workspace per calling thread
 
@@ -76,6 +78,7 @@ class Program:
             "linear": torch.ops.mkldnn._linear_pointwise,
             "matmul": torch.matmul,
             "torch": torch,
+            "now": time.perf_counter,
             **tensors,
             **functions,
         }
@@ -87,20 +90,19 @@ class Program:
         with torch.no_grad():
             return self._run(inputs, binding)
 
-    def profile(self, inputs: list[torch.Tensor], binding: dict[str, int]) -> list[tuple[str, float]]:
-        """Seconds spent in each step of one call (the binding and guard excluded)."""
+    def profile(self, inputs: list[torch.Tensor], binding: dict[str, int]) -> tuple[list[tuple[str, float]], float]:
+        """One call: seconds inside each step's kernel and library calls, and the whole call's
+        seconds (the difference is the host's overhead: sizes, views, allocation, ctypes)."""
         times: list[tuple[str, float]] = []
-        last = [time.perf_counter()]
 
-        def tick(step: str) -> None:
-            now = time.perf_counter()
-            times.append((step, now - last[0]))
-            last[0] = now
+        def tick(step: str, seconds: float) -> None:
+            times.append((step, seconds))
 
         with torch.no_grad():
-            last[0] = time.perf_counter()
+            t0 = time.perf_counter()
             self._run_timed(inputs, binding, tick)
-        return times
+            total = time.perf_counter() - t0
+        return times, total
 
 
 def _view(t: torch.Tensor, sizes: tuple, strides: tuple, offset: int) -> torch.Tensor:

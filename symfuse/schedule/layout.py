@@ -111,3 +111,18 @@ def reorder_for(shape: tuple[Dim, ...], reads) -> tuple[int, ...] | None:
         if best_key is None or key < best_key:
             best, best_key = order, key
     return best
+
+
+def as_matrix(v: View) -> tuple[Dim, Dim] | None:
+    """(rows, row stride) when the view is a row-major matrix: unit stride along its last dim
+    and every leading dim nested in the next (so the leading dims flatten to one)."""
+    if not v.sizes or v.strides[-1] != 1:
+        return None
+    lead = list(zip(v.sizes[:-1], v.strides[:-1]))
+    if not lead:
+        return sympy.Integer(1), v.sizes[-1]
+    for (_, s_outer), (d_inner, s_inner) in zip(lead, lead[1:]):
+        if sympy.expand(s_outer - s_inner * d_inner) != 0:
+            return None
+    rows = sympy.Mul(*(d for d, _ in lead))
+    return rows, lead[-1][1]

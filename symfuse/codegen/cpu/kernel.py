@@ -59,18 +59,18 @@ float tanhf(float) noexcept;
 float erff(float) noexcept;
 }
 
-// the first out-of-range gather index seen, reported to the host after the call
-static int64_t sf_bad_index = -1, sf_bad_extent = 0, sf_bad_kernel = -1;
+// the first out-of-range gather index seen (read 0 instead), reported to the host after the call
+static int64_t sf_bad_index = -1, sf_bad_extent = 0, sf_bad_site = -1;
 extern "C" int64_t sf_take_error(int64_t* out) {
-  out[0] = sf_bad_index; out[1] = sf_bad_extent; out[2] = sf_bad_kernel;
-  int64_t k = sf_bad_kernel;
-  sf_bad_index = -1; sf_bad_extent = 0; sf_bad_kernel = -1;
-  return k;
+  out[0] = sf_bad_index; out[1] = sf_bad_extent; out[2] = sf_bad_site;
+  const int64_t site = sf_bad_site;
+  sf_bad_index = -1; sf_bad_extent = 0; sf_bad_site = -1;
+  return site;
 }
-static inline int64_t sf_index(int64_t i, int64_t n, int64_t kernel) {
+static inline int64_t sf_index(int64_t i, int64_t n, int64_t site) {
   if (i >= 0 && i < n) return i;
   #pragma omp critical(sf_error)
-  if (sf_bad_kernel < 0) { sf_bad_index = i; sf_bad_extent = n; sf_bad_kernel = kernel; }
+  if (sf_bad_site < 0) { sf_bad_index = i; sf_bad_extent = n; sf_bad_site = site; }
   return 0;
 }
 template <class T> static inline T sf_select(bool c, T a, T b) { return c ? a : b; }  // both sides evaluated
@@ -140,6 +140,9 @@ def cidx(e: sympy.Expr, names: dict) -> str:
     if isinstance(e, sympy.floor):
         num, den = sympy.fraction(sympy.together(e.args[0]))
         return f"sf_floordiv<int64_t>({cidx(num, names)}, {cidx(den, names)})"
+    if isinstance(e, sympy.ceiling):
+        num, den = sympy.fraction(sympy.together(e.args[0]))
+        return f"(-sf_floordiv<int64_t>(-{cidx(num, names)}, {cidx(den, names)}))"
     if isinstance(e, sympy.Mod):
         a, b = cidx(e.args[0], names), cidx(e.args[1], names)
         return f"({a} - sf_floordiv<int64_t>({a}, {b}) * {b})"
@@ -176,8 +179,8 @@ class KernelSource:
 
 
 class _Emitter:
-    def __init__(self, step: NativeStep, buffers: dict[str, Buffer], symbols: list[str], kernel_id: int) -> None:
-        self.step, self.buffers, self.kernel_id = step, buffers, kernel_id
+    def __init__(self, step: NativeStep, buffers: dict[str, Buffer], symbols: list[str], gathers: list[str]) -> None:
+        self.step, self.buffers, self.gathers = step, buffers, gathers
         self.names = {sympy.Symbol(s, integer=True, positive=True): f"s_{s}" for s in symbols}
         self.symbols = symbols
         self.lines: list[str] = []
@@ -236,9 +239,12 @@ class _Emitter:
                 continue
             code, _ = self.expr(i)  # a gather: a data-dependent index, checked at run time
             v = self.var("g")
-            self.line(
-                f"const int64_t {v} = sf_index(int64_t({code}), {cidx(buf.shape[k], self.names)}, {self.kernel_id});"
+            source = ", ".join(sorted({x.tensor for x, _ in loads(i)})) or "a computed index"
+            self.gathers.append(
+                f"{source} indexing dim {k} of {ld.tensor} (size {fmt(buf.shape[k])}) in {self.step.name}"
             )
+            site = len(self.gathers) - 1
+            self.line(f"const int64_t {v} = sf_index(int64_t({code}), {cidx(buf.shape[k], self.names)}, {site});")
             index.append(sympy.Symbol(v, integer=True))
         addr = address(tuple(index), buf.strides)
         value = f"{ld.tensor}[{cidx(addr, self.names)}]"
@@ -425,7 +431,9 @@ class _Emitter:
             return
         last = m.axes[-1].name
         if m.name in self.local:
-            self.scratch_lines.append(f"std::unique_ptr<{ct}[]> row_{m.name}(new {ct}[{cidx(m.shape[-1], self.names)}]);")
+            self.scratch_lines.append(
+                f"std::unique_ptr<{ct}[]> row_{m.name}(new {ct}[{cidx(m.shape[-1], self.names)}]);"
+            )
             self.scratch_lines.append(f"{ct}* __restrict__ v_{m.name} = row_{m.name}.get();")
         if not has_reduce(m.body):
             self.line("#pragma omp simd")
@@ -465,8 +473,10 @@ def _short(text: str, n: int = 150) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def emit_kernel(step: NativeStep, buffers: dict[str, Buffer], symbols: list[str], kernel_id: int) -> KernelSource:
-    return _Emitter(step, buffers, symbols, kernel_id).emit()
+def emit_kernel(step: NativeStep, buffers: dict[str, Buffer], symbols: list[str], gathers: list[str]) -> KernelSource:
+    """C++ for `step`; every gather it performs is described in `gathers` (its index there
+    is what the kernel reports when an index is out of range)."""
+    return _Emitter(step, buffers, symbols, gathers).emit()
 
 
 __all__ = ["PREAMBLE", "CodegenError", "KernelSource", "emit_kernel"]

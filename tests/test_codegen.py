@@ -1,0 +1,126 @@
+"""The CPU backend: every op through generated C++, the kernel cache, dumps and bad input."""
+
+import os
+
+import pytest
+import torch
+
+import symfuse
+from symfuse import ops
+from symfuse.codegen.compile import compile_program
+from symfuse.options import Options
+from symfuse.reference import ReferenceExecutor
+from symfuse.schedule.layout import address, affine, fold_div_mod, reorder_for
+from symfuse.schedule.steps import NativeStep, OpaqueStep
+from tests.conftest import rel_err
+from tests.test_ops import BINDINGS, CASES, one_op_graph
+
+LOWERED = sorted(name for name, op in ops.REGISTRY.items() if op.lower is not None)
+NO_CPP = {"cast"}  # its case casts to float16, which the C++ generator leaves to torch
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("kernels"))
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype.is_floating_point:
+        return torch.allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True)
+    return torch.equal(a, b)
+
+
+@pytest.mark.parametrize("op", sorted(CASES))
+def test_every_op_through_the_cpu_backend(op, cache):
+    g, inputs, store = one_op_graph(op)
+    be = compile_program(g, store, Options(cache_dir=cache))
+    steps = be.schedule.steps
+    if op in LOWERED:
+        assert not any(isinstance(s, OpaqueStep) for s in steps), f"{op} has a TE lowering but runs opaque"
+    native = [s for s in steps if isinstance(s, NativeStep)]
+    if op not in NO_CPP:
+        assert all(s.name in be.kernels for s in native), be.schedule.notes
+    ref = ReferenceExecutor(g)
+    gen = torch.Generator().manual_seed(3)
+    for binding in BINDINGS + [dict(B=5, S=31)]:
+        tensors = inputs(binding, gen)
+        if op in ("log", "sqrt", "rsqrt", "pow"):  # keep the reference finite
+            tensors = [t.abs() + 0.5 if t.dtype.is_floating_point else t for t in tensors]
+        want, got = ref.run(binding, tensors), be.program(tensors, binding)
+        for w, o in zip(want, got):
+            assert o.shape == w.shape and o.dtype == w.dtype, (op, binding)
+            assert _close(o, w), f"{op} at {binding}: {(o.double() - w.double()).abs().max()}"
+
+
+def test_div_mod_fold_and_affine_views():
+    from symfuse.te.ir import axis, reduce_axis
+
+    i0, i1, r = axis(0), axis(1), reduce_axis("x", 0)
+    assert fold_div_mod(64 * (r // 64) + r % 64) == r
+    # the attention context [B, H, S, 64] read as [B, S, H*64]: only [B, S, H, 64] storage is affine
+    shape = (2, 12, 5, 64)
+    index = (i0, r // 64, i1, r % 64)
+    assert affine(address(index, (3840, 320, 64, 1)), (i0, i1, r)) is None
+    order = reorder_for(shape, [(index, (i0, i1, r), (2, 5, 768))])
+    assert order == (0, 2, 1, 3)
+
+
+def test_cache_hit_corrupt_entry_rebuilt_and_dump(tmp_path):
+    from symfuse.models import load
+
+    case = load("bert-small")
+    cache, dump = str(tmp_path / "cache"), str(tmp_path / "dump")
+    example = case.inputs(**case.example)
+    first = symfuse.compile(case.model, example, case.dynamic, cache_dir=cache, dump_dir=dump)
+    assert not first.native.cached
+    assert sorted(os.listdir(dump)) == [
+        "1_graph.txt",
+        "2_tensor_expressions.txt",
+        "3_fusion_plan.txt",
+        "4_kernels.cpp",
+        "5_host.py",
+    ]
+    cpp = open(os.path.join(dump, "4_kernels.cpp")).read()
+    assert "// k0_layer_norm [reduction]: " in cpp and "#pragma omp simd" in cpp
+    second = symfuse.compile(case.model, example, case.dynamic, cache_dir=cache)
+    assert second.native.cached
+    (lib,) = [f for f in os.listdir(cache) if f.endswith(".so")]
+    damaged = os.path.join(cache, "damaged")
+    with open(os.path.join(cache, lib), "rb") as f, open(damaged, "wb") as g:
+        g.write(f.read()[:100])  # a partial entry, as a crashed writer could leave it
+    os.replace(damaged, os.path.join(cache, lib))  # (the loaded copy keeps its own inode)
+    third = symfuse.compile(case.model, example, case.dynamic, cache_dir=cache)
+    assert not third.native.cached
+    inputs = case.inputs(B=2, S=9)
+    with torch.no_grad():
+        assert rel_err(third(**inputs), case.model(**inputs)) < 1e-4
+
+
+def test_out_of_range_token_is_a_clear_error_not_a_crash(tmp_path):
+    from symfuse.models import load
+
+    case = load("bert-small")
+    c = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic, cache_dir=str(tmp_path))
+    inputs = case.inputs(B=1, S=5)
+    vocab = case.model.config.vocab_size
+    inputs["input_ids"][0, 3] = vocab + 7
+    with pytest.raises(
+        IndexError, match=rf"index {vocab + 7} is out of range \[0, {vocab}\): input_ids indexing dim 0"
+    ):
+        c(**inputs)
+    inputs["input_ids"][0, 3] = 1  # the next call is fine again
+    with torch.no_grad():
+        assert rel_err(c(**inputs), case.model(**inputs)) < 1e-4
+
+
+def test_explain_shows_the_executed_steps(tmp_path):
+    from symfuse.models import load
+
+    case = load("bert-small")
+    c = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic, cache_dir=str(tmp_path))
+    text = c.explain(with_graph=False)
+    assert "execution (" in text
+    assert "oneDNN linear, weights reordered once, gelu as a post-op" in text
+    assert "torch reference of index (no TE lowering)" in text
+    assert "run through torch inside the compiled program: index" in text
+    assert "compile time: " in text
