@@ -54,9 +54,8 @@ def main() -> int:
     print(f"  inside kernels/libraries  {med(kernels):8.1f} us")
     print(f"  overhead                  {med(calls) - med(kernels):8.1f} us")
     print(f"    input checks + binding  {med(guards):8.1f} us")
-    print(
-        f"    host code around calls  {med(hosts) - med(kernels):8.1f} us  ({(med(hosts) - med(kernels)) / n_steps:.1f} us a step)"
-    )
+    around = med(hosts) - med(kernels)
+    print(f"    host code around calls  {around:8.1f} us  ({around / n_steps:.1f} us a step)")
     return 0
 
 
