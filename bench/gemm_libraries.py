@@ -13,6 +13,11 @@ and the machine's fp32 FMA peak, from an AVX-512 loop of 12 independent FMA chai
 Shapes: batch 1, sequence S in {16, 128, 384}; (K, N) for the QKV-fused projection
 (768 -> 2304), attention output (768 -> 768), FFN up (768 -> 3072) and down (3072 -> 768).
 
+A second table runs all 48 linear layers of BERT-base one after the other, each with its own
+weights (340 MB, far more than the caches), as a forward pass does: at few rows this is
+bound by streaming the weights from memory, and symfuse's own row kernel
+(`symfuse/codegen/cpu/gemm.py`) joins the comparison.
+
 Run: .venv/bin/pip install scipy-openblas32 && .venv/bin/python bench/gemm_libraries.py
 """
 
@@ -134,6 +139,61 @@ def openblas():
     return linear
 
 
+def symfuse_rows():
+    """symfuse's own kernel for few rows, built as the backend builds it."""
+    from symfuse.codegen.cpu.build import build
+    from symfuse.codegen.cpu.gemm import SOURCE
+    from symfuse.codegen.cpu.kernel import PREAMBLE
+    from symfuse.options import Options
+
+    path, _, _ = build(PREAMBLE + SOURCE, Options.from_env())
+    fn = ctypes.CDLL(path).sf_linear_rows
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5
+    fn.restype = None
+    return fn
+
+
+def forward_pass(rows=(1, 8, 16, 33, 48, 64, 128)) -> None:
+    from symfuse.codegen.cpu.gemm import pack_panels
+
+    layers = [shape for _ in range(12) for shape in LAYERS.values()]
+    ws = [torch.randn(n, k) * 0.02 for k, n in layers]
+    bs = [torch.randn(n) for _, n in layers]
+    wd = [torch.ops.mkldnn._reorder_linear_weight(w) for w in ws]
+    wp = [pack_panels(w) for w in ws]
+    fn = symfuse_rows()
+    mb = sum(w.numel() for w in ws) * 4 / 1e6
+    print(f"\nall 48 linear layers of BERT-base in sequence ({mb:.0f} MB of weights), ms per pass")
+    print("| rows | mkl | onednn | symfuse rows kernel |")
+    print("|---|---|---|---|")
+    for m in rows:
+        xs = {k: torch.randn(m, k) for k in (768, 3072)}
+        outs = [torch.empty(m, n) for _, n in layers]
+
+        def ours(m=m, xs=xs, outs=outs):
+            for (k, n), p, b, o in zip(layers, wp, bs, outs):
+                fn(xs[k].data_ptr(), k, p.data_ptr(), b.data_ptr(), o.data_ptr(), n, m, n, k, 0)
+
+        with torch.no_grad():
+            res = {
+                "mkl": timed(lambda: [F.linear(xs[k], w, b) for (k, _), w, b in zip(layers, ws, bs)], 1.0, 5),
+                "onednn": timed(
+                    lambda: [
+                        torch.ops.mkldnn._linear_pointwise(xs[k], w, b, "none", [], "")
+                        for (k, _), w, b in zip(layers, wd, bs)
+                    ],
+                    1.0,
+                    5,
+                ),
+                "ours": timed(ours, 1.0, 5),
+            }
+        for (k, _), w, b, o in zip(layers, ws, bs, outs):
+            assert torch.allclose(o, F.linear(xs[k], w, b), rtol=1e-4, atol=1e-4)
+        best = min(res.values())
+        cells = [f"**{v * 1e3:.2f}**" if v == best else f"{v * 1e3:.2f}" for v in res.values()]
+        print(f"| {m} | " + " | ".join(cells) + " |")
+
+
 def main() -> int:
     torch.manual_seed(0)
     threads = torch.get_num_threads()
@@ -177,6 +237,7 @@ def main() -> int:
         best = max(v for name, v in g.items() if "gelu" not in name)
         cells = [f"**{v:.0f}**" if v == best else f"{v:.0f}" for v in g.values()]
         print(f"| {s} | {layer} | " + " | ".join(cells) + " |")
+    forward_pass()
     return 0
 
 

@@ -94,12 +94,53 @@ def _te_section(graph: Graph, store: ShapeStore, with_program: bool, native) -> 
     refused = fp.refused()
     out.append(f"refused fusions ({len(refused)}):")
     out += [f"  {d.producer} -> {d.consumer}: {d.reason}" for d in refused]
+    out += _blocks_section(graph, fp, native)
     if native:
         out += _steps_section(native)
     return out
 
 
+def block_of(loc: str) -> str | None:
+    """The repeated block a node belongs to, from its module path: `encoder.layer.3`."""
+    path = loc.split(" ")[0] if loc else ""
+    parts = path.split(".")
+    for i, p in enumerate(parts):
+        if p.isdigit():
+            return ".".join(parts[: i + 1])
+    return None
+
+
+def _blocks_section(graph: Graph, fp, native) -> list[str]:
+    """Kernels per repeated block (a transformer layer): what each one computes and how it runs."""
+    from symfuse.schedule.steps import GemmStep
+
+    nodes = {v.name: n for n in graph.nodes for v in n.outputs}
+    steps = {s.name: s for s in native.schedule.steps} if native else {}
+    blocks: dict[str, list] = {}
+    for k in fp.kernels:
+        found = {block_of(nodes[m].loc) for m in k.members if m in nodes} - {None}
+        if len(found) == 1:
+            blocks.setdefault(found.pop(), []).append(k)
+    if not blocks:
+        return []
+    out = ["\nkernels per block (layout ops are folded into loads and have none):"]
+    for name, ks in blocks.items():
+        parts = []
+        for k in ks:
+            ops = [nodes[m].op for m in k.members if m in nodes]
+            what = "+".join(dict.fromkeys(ops)) or k.members[0]
+            st = steps.get(k.name)
+            if isinstance(st, GemmStep) and st.postop:
+                what += f" ({st.postop[0]} fused into the GEMM)"
+            elif isinstance(st, GemmStep) and st.epilogue:
+                what += " (epilogue over the GEMM's output)"
+            parts.append(f"{k.kind} {what}")
+        out.append(f"  {name}: {len(ks)} kernels: " + "; ".join(parts))
+    return out
+
+
 def _steps_section(native) -> list[str]:
+    from symfuse.codegen.cpu.gemm import MAX_ROWS
     from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep
 
     steps = native.schedule.steps
@@ -112,9 +153,13 @@ def _steps_section(native) -> list[str]:
         elif isinstance(st, NativeStep):
             out.append(f"  {st.name}: native C++ [{st.kind}] writes {', '.join(st.outputs)}")
         elif isinstance(st, GemmStep):
-            lib = "oneDNN linear, weights reordered once" if st.weight else "torch.matmul on strided views"
+            lib = (
+                f"linear: symfuse's row kernel up to {MAX_ROWS} rows, oneDNN above (weights prepared once)"
+                if st.weight
+                else "torch.matmul on strided views"
+            )
             if st.postop:
-                lib += f", {st.postop[0]} as a post-op"
+                lib += f"; {st.postop[0]} fused (oneDNN post-op, or on the row kernel's tile)"
             epi = f"; epilogue {st.epilogue.name} (native C++ over the GEMM's output)" if st.epilogue else ""
             out.append(f"  {st.name}: {lib}{epi}")
         elif isinstance(st, OpaqueStep):

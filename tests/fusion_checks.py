@@ -75,3 +75,16 @@ def assert_bert_execution(compiled, n_layers: int) -> None:
         (ffn,) = [steps[k.name] for k in ks if k.kind == "gemm+epilogue"]
         assert ffn.postop == ("gelu", "none") and ffn.epilogue is None
         assert sum(isinstance(steps[k.name], NativeStep) for k in ks) == 3  # 2 layer norms, 1 softmax
+
+
+def assert_explain_per_layer(text: str, n_layers: int) -> None:
+    """`explain`'s per-layer summary of a BERT: 9 kernels, layer norms and softmax one kernel
+    each, GELU fused into the FFN GEMM, no kernel for a layout op."""
+    layers = [line for line in text.splitlines() if line.startswith("  encoder.layer.")]
+    assert len(layers) == n_layers
+    for line in layers:
+        assert ": 9 kernels: " in line, line
+        assert line.count("reduction add+layer_norm") == 2 and line.count("reduction mul+where+softmax") == 1
+        assert line.count("gemm+epilogue linear+gelu (gelu fused into the GEMM)") == 1
+        assert line.count("gemm linear") == 3 and line.count("gemm matmul") == 2
+        assert not any(op in line for op in ("reshape", "permute", "transpose", "expand", "slice", "select"))

@@ -105,8 +105,9 @@ def test_gpt2_causal_mask_is_tied_to_the_sequence():
 
 
 def test_bert_base_fusion_plan_per_layer():
-    from tests.fusion_checks import assert_bert_execution, assert_bert_layers
+    from tests.fusion_checks import assert_bert_execution, assert_bert_layers, assert_explain_per_layer
 
     _, c = compiled("bert-base")
     assert_bert_layers(c, 12)
     assert_bert_execution(c, 12)
+    assert_explain_per_layer(c.explain(with_graph=False), 12)
