@@ -153,13 +153,16 @@ def _steps_section(native) -> list[str]:
         elif isinstance(st, NativeStep):
             out.append(f"  {st.name}: native C++ [{st.kind}] writes {', '.join(st.outputs)}")
         elif isinstance(st, GemmStep):
-            lib = (
-                f"linear: symfuse's row kernel up to {MAX_ROWS} rows, oneDNN above (weights prepared once)"
-                if st.weight
-                else "torch.matmul on strided views"
-            )
+            if st.conv is not None:
+                lib = "oneDNN convolution"
+            elif st.weight:
+                lib = f"linear: symfuse's row kernel up to {MAX_ROWS} rows, oneDNN above (weights prepared once)"
+            else:
+                lib = "torch.matmul on strided views"
             if st.postop:
-                lib += f"; {st.postop[0]} fused (oneDNN post-op, or on the row kernel's tile)"
+                lib += f"; {st.postop[0]} fused (" + (
+                    "oneDNN post-op)" if st.conv else "oneDNN post-op, or on the row kernel's tile)"
+                )
             epi = f"; epilogue {st.epilogue.name} (native C++ over the GEMM's output)" if st.epilogue else ""
             out.append(f"  {st.name}: {lib}{epi}")
         elif isinstance(st, OpaqueStep):

@@ -115,3 +115,27 @@ def test_canonical_linears_keeps_semantics():
         t = torch.randn(binding["B"], binding["S"], 8, generator=gen)
         for want, got in zip(before.run(binding, [t]), after.run(binding, [t])):
             assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fold_batch_norm_keeps_semantics():
+    from symfuse.passes import fold_batch_norm
+
+    b = GraphBuilder("convbn")
+    b.store.declare("B")
+    H = b.store.declare("H")
+    x = b.input("x", (B, 3, H, H), DType.float32)
+    gen = torch.Generator().manual_seed(0)
+    c = lambda name, *shape: b.constant(name, torch.randn(*shape, generator=gen))  # noqa: E731
+    attrs = {"stride": (1, 1), "padding": (1, 1), "dilation": (1, 1), "groups": 1}
+    (y,) = b.add("conv2d", [x, c("w", 4, 3, 3, 3), None], attrs)
+    var = b.constant("var", torch.rand(4, generator=gen) + 0.5)
+    (z,) = b.add("batch_norm", [y, c("g", 4), c("beta", 4), c("mean", 4), var], {"eps": 1e-5})
+    g = b.finish([z])
+    g2 = fold_batch_norm(g, b.store)
+    verify(g2)
+    assert [n.op for n in g2.nodes] == ["conv2d"] and g2.nodes[0].inputs[2] is not None
+    before, after = ReferenceExecutor(g), ReferenceExecutor(g2)
+    for binding in [dict(B=1, H=1), dict(B=2, H=7), dict(B=1, H=16)]:
+        t = torch.randn(binding["B"], 3, binding["H"], binding["H"], generator=gen)
+        (want,), (got,) = before.run(binding, [t]), after.run(binding, [t])
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)

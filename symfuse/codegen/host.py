@@ -124,6 +124,13 @@ class _Host:
                 )
                 out.append("else:")
                 out.append("    " + library)
+        elif st.conv is not None:
+            attr, algo = st.postop or ("none", "")
+            pad, stride, dil, groups = st.conv
+            x, w = self.ref(st.a.buffer), self.ref(st.b.buffer)
+            bias = self.ref(st.bias) if st.bias else "None"
+            call = f"conv({x}, {w}, {bias}, {list(pad)}, {list(stride)}, {list(dil)}, {groups}, {attr!r}, [], {algo!r})"
+            out.append(f"t_{st.out} = {call}.contiguous()")
         else:
             out.append(self.alloc(st.out))
             out.append(f"matmul({self.view(st.a)}, {self.view(st.b)}, out=t_{st.out})")
@@ -232,10 +239,11 @@ def torch_kernel(st: NativeStep):
 def _is_compute(line: str) -> bool:
     """A line that calls a kernel, a library GEMM or torch (not an allocation or a view)."""
     line = line.strip()
-    if line.startswith("# ") or line.startswith("@alloc") or ".contiguous()" in line:
+    if line.startswith("# ") or line.startswith("@alloc"):
         return False
     starts = ("k.", "te_", "matmul(", "if ", "else:")
-    return line.startswith(starts) or " = linear(" in line or " = op_" in line or "+=" in line
+    calls = (" = linear(", " = conv(", " = op_", "+=")
+    return line.startswith(starts) or any(c in line for c in calls)
 
 
 def _words(line: str):

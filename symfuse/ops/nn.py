@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from symfuse.ops.reduction import _pool_out as pool_out
 from symfuse.ops.registry import Kind, defop, promoted, same_dtype
-from symfuse.te.rules import linear_rule, matmul_rule
+from symfuse.te.rules import conv2d_rule, linear_rule, matmul_rule
 
 
 def _linear_shape(ctx, x, weight, bias):
@@ -77,6 +77,7 @@ defop(
     ref=lambda x, weight, bias, stride, padding, dilation, groups: F.conv2d(
         x, weight, bias, stride, padding, dilation, groups
     ),
+    lower=conv2d_rule,
     constraints="channels tie; each output side is (H + 2p - d(k-1) - 1)//s + 1 >= 1",
 )
 

@@ -6,10 +6,18 @@ on the graph before and after a pass at several bindings.
 """
 
 from symfuse.passes.attention import decompose_attention
+from symfuse.passes.batch_norm import fold_batch_norm
 from symfuse.passes.horizontal import merge_parallel_linears
 from symfuse.passes.linear import canonical_linears
 from symfuse.passes.rewrite import Rewriter
 
-PIPELINE = (decompose_attention, canonical_linears, merge_parallel_linears)
+PIPELINE = (decompose_attention, canonical_linears, merge_parallel_linears, fold_batch_norm)
 
-__all__ = ["PIPELINE", "Rewriter", "canonical_linears", "decompose_attention", "merge_parallel_linears"]
+__all__ = [
+    "PIPELINE",
+    "Rewriter",
+    "canonical_linears",
+    "decompose_attention",
+    "fold_batch_norm",
+    "merge_parallel_linears",
+]

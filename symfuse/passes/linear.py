@@ -14,7 +14,7 @@ from symfuse.passes.rewrite import Rewriter
 from symfuse.shape.store import ShapeStore
 
 
-def _users(graph: Graph) -> dict[Value, int]:
+def users(graph: Graph) -> dict[Value, int]:
     count: dict[Value, int] = {}
     for n in graph.nodes:
         for v in n.inputs:
@@ -26,7 +26,7 @@ def _users(graph: Graph) -> dict[Value, int]:
 
 
 def canonical_linears(graph: Graph, store: ShapeStore) -> Graph:
-    users = _users(graph)
+    count = users(graph)
     consts = graph.constants
     producer = graph.producers()
 
@@ -42,7 +42,7 @@ def canonical_linears(graph: Graph, store: ShapeStore) -> Graph:
             return None
         for a, b in (n.inputs, n.inputs[::-1]):
             p = producer.get(a)
-            if p is None or users.get(a) != 1 or b not in consts or b.type.rank != 1:
+            if p is None or count.get(a) != 1 or b not in consts or b.type.rank != 1:
                 continue
             if (weight_of(p) or (p.op == "linear" and p.inputs[2] is None)) and a.type.dtype == b.type.dtype:
                 if b.type.shape[0] == a.type.shape[-1]:

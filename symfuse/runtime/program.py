@@ -77,6 +77,7 @@ class Program:
             "view": _view,
             "linear": torch.ops.mkldnn._linear_pointwise,
             "matmul": torch.matmul,
+            "conv": torch.ops.mkldnn._convolution_pointwise,
             "torch": torch,
             "now": time.perf_counter,
             **tensors,

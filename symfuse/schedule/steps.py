@@ -25,7 +25,7 @@ from symfuse.ir.dims import Dim
 from symfuse.ir.dtypes import DType
 from symfuse.ir.graph import Graph, Node
 from symfuse.schedule.layout import View, reorder_for, row_major, strided_view
-from symfuse.te.analysis import Analysis
+from symfuse.te.analysis import Analysis, operand
 from symfuse.te.ir import TE, Call, Load, Opaque, Reduce, Scalar, axis, substitute
 from symfuse.te.lower import TEProgram
 
@@ -58,7 +58,7 @@ class NativeStep:
 @dataclass
 class GemmStep:
     name: str
-    op: str  # linear | matmul
+    op: str  # linear | matmul | conv2d
     anchor: str  # the GEMM's own result
     out: str  # what the library call returns: the anchor, or the post-op's member
     a: View | None = None
@@ -66,6 +66,7 @@ class GemmStep:
     weight: str | None = None  # linear: the constant weight [N, K]
     bias: str | None = None
     postop: tuple[str, str] | None = None  # (oneDNN attr, algorithm)
+    conv: tuple | None = None  # conv2d: (padding, stride, dilation, groups)
     epilogue: NativeStep | None = None
     members: list[str] = field(default_factory=list)
 
@@ -158,14 +159,22 @@ class _Builder:
         anchor = next(m for m in k.members if self.gemm(m))
         te = self.items[anchor]
         node = self.nodes[anchor]
-        red = _contraction(te.body)
-        ((r, extent),) = red.axes
-        x, y = red.body.args
-        ax = te.axes
         consts = self.prog.graph.constants
         const_names = {v.name for v in consts}
         epi = [m for m in k.members if m != anchor]
         step = GemmStep(k.name, node.op, anchor, anchor, members=list(k.members))
+        if node.op == "conv2d":  # oneDNN's convolution reads its input whole (the rule materialised it)
+            xv, wv, bv = node.inputs
+            buf = self.buffers[xv.name]
+            step.a = View(xv.name, buf.shape, buf.strides, sympy.Integer(0))
+            step.b = View(wv.name, wv.type.shape, row_major(wv.type.shape), sympy.Integer(0))
+            step.bias = bv.name if bv is not None else None
+            step.conv = tuple(node.attrs[a] for a in ("padding", "stride", "dilation", "groups"))
+            return self.epilogue(step, k, anchor, epi)
+        red = _contraction(te.body)
+        ((r, extent),) = red.axes
+        x, y = (operand(a) for a in red.body.args)
+        ax = te.axes
         if node.op == "linear" and y.tensor in const_names and (node.inputs[2] is None or node.inputs[2] in consts):
             self.pending.append((step, "a", x, ax[:-1] + (r,), te.shape[:-1] + (extent,)))
             step.weight = y.tensor
@@ -176,7 +185,11 @@ class _Builder:
             self.pending.append((step, "b", y, ax[:-2] + (r, ax[-1]), te.shape[:-2] + (extent, te.shape[-1])))
             if node.op == "linear" and node.inputs[2] is not None:
                 step.bias = node.inputs[2].name
-        if step.op == "linear" and len(epi) == 1 and not self.materialised(anchor, k):
+        return self.epilogue(step, k, anchor, epi)
+
+    def epilogue(self, step: GemmStep, k: Kernel, anchor: str, epi: list[str]) -> GemmStep:
+        """One activation the library applies as a post-op, or a native kernel over the output."""
+        if step.op in ("linear", "conv2d") and len(epi) == 1 and not self.materialised(anchor, k):
             e = self.items[epi[0]]
             b = e.body
             if (

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from symfuse.te.ir import TE, Call, Load, Opaque, Reduce, Scalar
+from symfuse.te.ir import TE, Call, Const, Load, Opaque, Reduce, Scalar
 from symfuse.te.lower import TEProgram
 
 ONE = "one-relies-on-one"
@@ -63,15 +63,25 @@ def has_reduce(s: Scalar) -> bool:
     return False
 
 
+def operand(s: Scalar) -> Load | None:
+    """The load a contraction multiplies: plain, or guarded by a zero outside a padding."""
+    if isinstance(s, Load):
+        return s
+    if isinstance(s, Call) and s.fn == "where" and isinstance(s.args[1], Load) and isinstance(s.args[2], Const):
+        return s.args[1] if s.args[2].value == 0 else None
+    return None
+
+
 def is_contraction(s: Scalar) -> bool:
     """A reduction whose body multiplies two loads that both run along its axis."""
     if isinstance(s, Reduce) and s.op == "sum":
         body = s.body
         if isinstance(body, Call) and body.fn == "mul" and len(body.args) == 2:
             vars_ = {a for a, _ in s.axes}
+            ops_ = [operand(a) for a in body.args]
             return all(
-                isinstance(a, Load) and any(isinstance(i, sympy.Expr) and i.free_symbols & vars_ for i in a.index)
-                for a in body.args
+                a is not None and any(isinstance(i, sympy.Expr) and i.free_symbols & vars_ for i in a.index)
+                for a in ops_
             )
     if isinstance(s, Call):
         return any(is_contraction(a) for a in s.args)

@@ -43,6 +43,13 @@ class Lowerer:
     def load(self, name: str) -> Accessor:
         return lambda idx: Load(name, tuple(idx))
 
+    def materialize(self, v: Value) -> Accessor:
+        """`v` as a real tensor (a library call reads it whole): its composed layout, if any,
+        becomes a TE of its own."""
+        if v.name not in self.materialized:
+            self.access[v] = self.te(v.name, v.type.shape, v.type.dtype, self.access[v])
+        return self.access[v]
+
     def te(self, name: str, shape: tuple[Dim, ...], dtype: DType, body: Accessor, *, aux: bool = False) -> Accessor:
         """Materialise `body` as a TE and return its accessor. An auxiliary TE (a softmax's
         row maximum) gets a name of its own next to the node's."""
@@ -67,8 +74,8 @@ def lower(graph: Graph) -> TEProgram:
         opdef = ops.get(n.op)
         if opdef.lower is None or len(n.outputs) > 1:
             for v in n.inputs:  # an opaque op reads real tensors: materialise composed layouts
-                if v is not None and v.name not in lw.materialized:
-                    lw.access[v] = lw.te(v.name, v.type.shape, v.type.dtype, lw.access[v])
+                if v is not None:
+                    lw.materialize(v)
             lw.program.items.append(Opaque(n.outputs[0].name, n.op, n.loc))
             lw.materialized.update(v.name for v in n.outputs)
             lw.program.nodes[n.outputs[0].name] = n

@@ -291,3 +291,34 @@ def batch_norm_rule(lw, node, x, weight, bias, mean, var, eps):
         return Call("add", (y, bias(c)), dt) if bias is not None else y
 
     return body
+
+
+def conv2d_rule(lw, node, x, weight, bias, stride, padding, dilation, groups):
+    """A contraction over input channels and the window; padding reads as 0. The library
+    convolution reads its input whole, so a composed layout is materialised first."""
+    x = lw.materialize(node.inputs[0])
+    _, _, h, w = node.inputs[0].type.shape
+    out_c, group_c, kh, kw = (int(d) for d in node.inputs[1].type.shape)
+    dt = node.out.type.dtype
+    name = node.out.name
+    rc, rh, rw = (reduce_axis(name, i) for i in range(3))
+    per_group = out_c // groups
+
+    def body(idx):
+        n, o, oh, ow = idx
+        c = (floordiv(o, per_group) * group_c if groups > 1 else 0) + rc
+        ih = oh * stride[0] + rh * dilation[0] - padding[0]
+        iw = ow * stride[1] + rw * dilation[1] - padding[1]
+        v = x((n, c, ih, iw))
+        if padding[0] or padding[1]:
+            inside = [Call(f, (Index(i, DType.int64), Index(b, DType.int64)), DType.bool)
+                      for i, lim in ((ih, h), (iw, w)) for f, b in (("ge", sympy.Integer(0)), ("lt", lim))]  # fmt: skip
+            cond = inside[0]
+            for more in inside[1:]:
+                cond = Call("logical_and", (cond, more), DType.bool)
+            v = Call("where", (cond, v, Const(0.0, dt)), dt)
+        extents = ((rc, group_c), (rh, kh), (rw, kw))
+        acc = Reduce("sum", Call("mul", (v, weight((o, rc, rh, rw))), dt), extents, dt)
+        return Call("add", (acc, bias((o,))), dt) if bias is not None else acc
+
+    return body
