@@ -112,10 +112,16 @@ def block_of(loc: str) -> str | None:
 
 def _blocks_section(graph: Graph, fp, native) -> list[str]:
     """Kernels per repeated block (a transformer layer): what each one computes and how it runs."""
+    from symfuse.schedule.attention import AttentionStep
     from symfuse.schedule.steps import GemmStep
 
     nodes = {v.name: n for n in graph.nodes for v in n.outputs}
     steps = {s.name: s for s in native.schedule.steps} if native else {}
+    merged_into = {
+        p.name: s.name for s in steps.values() if isinstance(s, AttentionStep) for p in (s.scores, s.softmax, s.context)
+    }
+    steps.update({p.name: p for s in steps.values() if isinstance(s, AttentionStep) for p in (s.scores, s.softmax)})
+    steps.update({s.context.name: s.context for s in list(steps.values()) if isinstance(s, AttentionStep)})
     blocks: dict[str, list] = {}
     for k in fp.kernels:
         found = {block_of(nodes[m].loc) for m in k.members if m in nodes} - {None}
@@ -135,19 +141,27 @@ def _blocks_section(graph: Graph, fp, native) -> list[str]:
             elif isinstance(st, GemmStep) and st.epilogue:
                 what += " (epilogue over the GEMM's output)"
             parts.append(f"{k.kind} {what}")
-        out.append(f"  {name}: {len(ks)} kernels: " + "; ".join(parts))
+        merged = {merged_into[k.name] for k in ks if k.name in merged_into}
+        runs = f" (run as {len(ks) - 2 * len(merged)} steps: attention merged)" if merged else ""
+        out.append(f"  {name}: {len(ks)} kernels{runs}: " + "; ".join(parts))
     return out
 
 
 def _steps_section(native) -> list[str]:
     from symfuse.codegen.cpu.gemm import MAX_ROWS
+    from symfuse.schedule.attention import MERGED_KEYS, AttentionStep
     from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep
 
     steps = native.schedule.steps
     out = [f"\nexecution ({len(steps)} steps; every size a run-time symbol):"]
     fallbacks = []
     for st in steps:
-        if isinstance(st, NativeStep) and st.name not in native.kernels:
+        if isinstance(st, AttentionStep):
+            out.append(
+                f"  {st.name}: merged attention ({st.scores.name} + {st.softmax.name} + {st.context.name}) as one "
+                f"native kernel up to {MERGED_KEYS} keys; above, the three steps (torch.matmul, C++, torch.matmul)"
+            )
+        elif isinstance(st, NativeStep) and st.name not in native.kernels:
             out.append(f"  {st.name}: tensor expressions through torch (no C++ for them) [{st.kind}]")
             fallbacks.append(f"kernel {st.name}")
         elif isinstance(st, NativeStep):

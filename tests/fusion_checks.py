@@ -53,28 +53,37 @@ def assert_bert_layers(compiled, n_layers: int) -> None:
 
 
 def assert_bert_execution(compiled, n_layers: int) -> None:
-    """The plan runs as planned: one step per kernel, each fused kernel in generated C++,
-    GELU as the FFN GEMM's post-op, no copies for layouts, torch only for `index`."""
+    """The plan runs as planned: each fused kernel in generated C++, GELU fused into the FFN
+    GEMM, no copies for layouts, torch only for `index`; per layer the scores GEMM, the
+    softmax and the context GEMM merged into one attention step."""
+    from symfuse.schedule.attention import AttentionStep
     from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep
 
     be = compiled.native
     assert be is not None, "compiled on the CPU backend"
     _, nodes, per = kernels_per_layer(compiled)
     steps = {s.name: s for s in be.schedule.steps}
-    assert len(steps) == len(be.plan.kernels), "no copy or materialisation steps beyond the plan"
+    parts = {
+        p.name: s for s in steps.values() if isinstance(s, AttentionStep) for p in (s.scores, s.softmax, s.context)
+    }
+    assert len(steps) == len(be.plan.kernels) - 2 * n_layers, "three kernels a layer merged into one, no copies"
     assert not any(s.kind == "copy" for s in steps.values() if isinstance(s, NativeStep))
     assert {s.node.op for s in steps.values() if isinstance(s, OpaqueStep)} == {"index"}
     for i, ks in per.items():
         assert len(ks) == 9
+        attention = {parts[k.name].name for k in ks if k.name in parts}
+        assert len(attention) == 1 and sum(k.name in parts for k in ks) == 3, f"layer {i}"
+        (att,) = attention
+        assert att in be.kernels, "the merged attention kernel is generated C++"
         for k in ks:
-            st = steps[k.name]
+            st = steps.get(k.name) or parts[k.name]
             if k.kind in ("reduction", "loop"):
-                assert isinstance(st, NativeStep) and st.name in be.kernels, f"layer {i}: {k} has no C++"
-            else:
-                assert isinstance(st, GemmStep), f"layer {i}: {k}"
+                assert st.name in be.kernels, f"layer {i}: {k} has no C++"
+            elif k.name not in parts:
+                assert isinstance(steps[k.name], GemmStep), f"layer {i}: {k}"
         (ffn,) = [steps[k.name] for k in ks if k.kind == "gemm+epilogue"]
         assert ffn.postop == ("gelu", "none") and ffn.epilogue is None
-        assert sum(isinstance(steps[k.name], NativeStep) for k in ks) == 3  # 2 layer norms, 1 softmax
+        assert sum(isinstance(steps.get(k.name), NativeStep) for k in ks) == 2  # the two layer norms
 
 
 def assert_explain_per_layer(text: str, n_layers: int) -> None:
@@ -83,8 +92,8 @@ def assert_explain_per_layer(text: str, n_layers: int) -> None:
     layers = [line for line in text.splitlines() if line.startswith("  encoder.layer.")]
     assert len(layers) == n_layers
     for line in layers:
-        assert ": 9 kernels: " in line, line
-        assert line.count("reduction add+layer_norm") == 2 and line.count("reduction mul+where+softmax") == 1
+        assert ": 9 kernels (run as 7 steps: attention merged): " in line, line
+        assert line.count("reduction add+layer_norm") == 2 and line.count("reduction mul+where+safe_softmax") == 1
         assert line.count("gemm+epilogue linear+gelu (gelu fused into the GEMM)") == 1
         assert line.count("gemm linear") == 3 and line.count("gemm matmul") == 2
         assert not any(op in line for op in ("reshape", "permute", "transpose", "expand", "slice", "select"))

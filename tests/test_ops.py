@@ -76,6 +76,7 @@ CASES = {
     "amax": ([X], {"dims": (0, 2), "keepdim": False}),
     "amin": ([X], {"dims": (), "keepdim": False}),
     "softmax": ([X], {"dim": -1}),
+    "safe_softmax": ([X], {"dim": -1}),
     "log_softmax": ([X], {"dim": 1}),
     "cumsum": ([T("B,S", BOOL)], {"dim": 1, "dtype": None}),
     "layer_norm": ([X, T("8"), T("8")], {"normalized_shape": (8,), "eps": 1e-5}),

@@ -12,6 +12,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from symfuse.codegen.cpu.attention import emit_attention
 from symfuse.codegen.cpu.build import build
 from symfuse.codegen.cpu.gemm import SOURCE as GEMM_SOURCE
 from symfuse.codegen.cpu.gemm import pack_panels
@@ -21,6 +22,7 @@ from symfuse.fusion.plan import Plan, plan
 from symfuse.ir.graph import Graph, print_graph
 from symfuse.options import Options
 from symfuse.runtime.program import Program, reorder_weight
+from symfuse.schedule.attention import AttentionStep, merge_attention
 from symfuse.schedule.steps import GemmStep, NativeStep, Schedule
 from symfuse.schedule.steps import build as build_schedule
 from symfuse.shape.store import ShapeStore
@@ -41,10 +43,12 @@ class Backend:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def native_steps(sched: Schedule) -> list[NativeStep]:
+def native_steps(sched: Schedule) -> list:
     out = []
     for st in sched.steps:
-        if isinstance(st, NativeStep):
+        if isinstance(st, AttentionStep):  # the merged kernel, and its row kernel for the unmerged version
+            out += [st, st.softmax]
+        elif isinstance(st, NativeStep):
             out.append(st)
         elif isinstance(st, GemmStep) and st.epilogue is not None:
             out.append(st.epilogue)
@@ -57,7 +61,7 @@ def compile_program(graph: Graph, store: ShapeStore, opts: Options) -> Backend:
     prog = lower(graph)
     analysis = analyse(prog)
     fp = plan(prog, analysis, store)
-    sched = build_schedule(prog, analysis, fp)
+    sched = merge_attention(build_schedule(prog, analysis, fp))
     t["lower, analyse, plan, schedule"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     symbols = list(store.symbols)
@@ -66,8 +70,16 @@ def compile_program(graph: Graph, store: ShapeStore, opts: Options) -> Backend:
     gathers: list[str] = []
     for st in natives:
         try:
-            kernels[st.name] = emit_kernel(st, sched.buffers, symbols, gathers)
+            if isinstance(st, AttentionStep):
+                kernels[st.name] = emit_attention(st, sched.buffers, symbols, gathers)
+            else:
+                kernels[st.name] = emit_kernel(st, sched.buffers, symbols, gathers)
         except CodegenError as e:
+            if isinstance(st, AttentionStep):  # run its three steps as they were
+                i = sched.steps.index(st)
+                sched.steps[i : i + 1] = [st.scores, st.softmax, st.context]
+                sched.notes.append(f"{st.name} is not merged: {e}")
+                continue
             sched.notes.append(f"{st.name} runs its tensor expressions through torch: {e}")
     source = PREAMBLE + GEMM_SOURCE + "\n" + "\n\n".join(k.source for k in kernels.values()) + "\n"
     host = generate_host(sched, kernels, symbols)

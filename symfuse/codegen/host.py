@@ -20,6 +20,7 @@ from symfuse.codegen.cpu.kernel import KernelSource
 from symfuse.ir.dims import to_python
 from symfuse.ir.dtypes import DType
 from symfuse.reference import attr_evaluator
+from symfuse.schedule.attention import MERGED_KEYS, AttentionStep
 from symfuse.schedule.layout import View, as_matrix
 from symfuse.schedule.memory import MemoryPlan, aligned, plan_memory
 from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep, Schedule
@@ -140,6 +141,17 @@ class _Host:
             out += self.native(st.epilogue)
         return out
 
+    def attention(self, st: AttentionStep) -> list[str]:
+        """Two versions, picked per call: the merged kernel up to MERGED_KEYS keys, where it
+        wins; the three steps above, where the library batched GEMMs do better."""
+        keys = self.py(st.scores.b.sizes[-1])
+        out = [f"if {keys} <= {MERGED_KEYS}:"]
+        out += ["    " + line for line in self.native(st)]
+        out.append("else:")
+        for part in (st.scores, st.softmax, st.context):
+            out += ["    " + line for line in (self.gemm(part) if isinstance(part, GemmStep) else self.native(part))]
+        return out
+
     def opaque(self, st: OpaqueStep) -> list[str]:
         n = st.node
         opdef = ops.get(n.op)
@@ -159,7 +171,9 @@ class _Host:
         body: list[list[str]] = []
         reads: list[set[str]] = []
         for st in s.steps:
-            if isinstance(st, NativeStep):
+            if isinstance(st, AttentionStep):
+                lines = self.attention(st)
+            elif isinstance(st, NativeStep):
                 lines = self.native(st)
             elif isinstance(st, GemmStep):
                 lines = self.gemm(st)
@@ -210,7 +224,9 @@ class _Host:
                 lines.insert(calls[-1] + 1, f"tick({s.steps[i].name!r}, now() - t0)")
                 lines.insert(calls[0], "t0 = now()")
             out += ["    " + line for line in lines]
-            dead = sorted(n for n, j in last.items() if j == i and n not in keep)
+            # a buffer made and used up inside one step may exist in one branch only: no del
+            local = {ln.split(" = ")[0].strip()[2:] for ln in body[i] if ln.startswith(" ") and " = " in ln}
+            dead = sorted(n for n, j in last.items() if j == i and n not in keep and n not in local)
             if dead:
                 out.append("    del " + ", ".join(f"t_{n}" for n in dead))
         out.append("    check()")

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from symfuse.ir.dims import dim, floordiv
 from symfuse.ir.dtypes import DType
 from symfuse.ops.registry import Kind, defop, same_dtype, same_shape
-from symfuse.te.rules import layer_norm_rule, reduce_rule, softmax_rule
+from symfuse.te.rules import layer_norm_rule, reduce_rule, safe_softmax_rule, softmax_rule
 
 
 def _reduce_shape(ctx, x, dims, keepdim, **_):
@@ -72,7 +72,13 @@ for _name, _fn in {"amax": torch.amax, "amin": torch.amin}.items():
         lower=reduce_rule(_name[1:]),
     )
 
-for _name, _fn in {"softmax": torch.softmax, "log_softmax": torch.log_softmax}.items():
+_SOFTMAX = {
+    "softmax": (torch.softmax, softmax_rule),
+    "log_softmax": (torch.log_softmax, None),
+    # a row of only -inf gives zeros, not NaN: attention's semantics for a fully masked query
+    "safe_softmax": (torch.ops.aten._safe_softmax, safe_softmax_rule),
+}
+for _name, (_fn, _rule) in _SOFTMAX.items():
     defop(
         _name,
         Kind.REDUCTION,
@@ -81,7 +87,7 @@ for _name, _fn in {"softmax": torch.softmax, "log_softmax": torch.log_softmax}.i
         shape=same_shape(),
         dtype=same_dtype(),
         ref=lambda x, dim, _fn=_fn: _fn(x, dim),
-        lower=softmax_rule if _name == "softmax" else None,
+        lower=_rule,
     )
 defop(
     "cumsum",

@@ -1,4 +1,4 @@
-"""Attention as tensor algebra: `sdpa` becomes matmul, scale, mask, softmax, matmul.
+"""Attention as tensor algebra: `sdpa` becomes matmul, scale, mask, safe softmax, matmul.
 
 Whole-model analysis and fusion (Souffle) need the attention scores as a tensor of their
 own: `[B, H, S, S]` with the same `S` on both sides. A boolean mask becomes `where(mask,
@@ -44,7 +44,8 @@ def _sdpa(rw: Rewriter, n, ins):
             scores = rw.emit("where", [mask, scores, rw.b.scalar(-math.inf, loc=loc)], loc, f"{name}_masked")
         else:
             scores = rw.emit("add", [scores, mask], loc, f"{name}_masked")
-    probs = rw.emit("softmax", [scores], loc, f"{name}_probs", dim=-1)
+    # as torch's attention does, a query that may attend to nothing gets zeros, not NaN
+    probs = rw.emit("safe_softmax", [scores], loc, f"{name}_probs", dim=-1)
     return (rw.emit("matmul", [probs, v], loc, name),)
 
 

@@ -194,7 +194,7 @@ def reduce_rule(op: str, mean: bool = False):
     return rule
 
 
-def softmax_rule(lw, node, x, dim):
+def softmax_rule(lw, node, x, dim, safe: bool = False):
     shape, dt = node.out.type.shape, node.out.type.dtype
     k = dim % len(shape)
     name = node.out.name
@@ -212,7 +212,18 @@ def softmax_rule(lw, node, x, dim):
 
     e = lw.te(f"{name}_exp", shape, dt, shifted_exp, aux=True)  # computed once, read by the sum and the division
     total = lw.te(f"{name}_sum", row, dt, lambda idx: Reduce("sum", e(along(idx, r)), ((r, shape[k]),), dt), aux=True)
-    return lambda idx: Call("div", (e(idx), total(along(idx, zero))), dt)
+    if not safe:
+        return lambda idx: Call("div", (e(idx), total(along(idx, zero))), dt)
+
+    def guarded(idx):  # a row whose maximum is -inf has no finite entry: zeros
+        empty = Call("eq", (top(along(idx, zero)), Const(-math.inf, dt)), DType.bool)
+        return Call("where", (empty, Const(0.0, dt), Call("div", (e(idx), total(along(idx, zero))), dt)), dt)
+
+    return guarded
+
+
+def safe_softmax_rule(lw, node, x, dim):
+    return softmax_rule(lw, node, x, dim, safe=True)
 
 
 def layer_norm_rule(lw, node, x, weight, bias, normalized_shape, eps):

@@ -188,6 +188,8 @@ class _Emitter:
         self.fresh = 0
         self.local: dict[str, TE] = {}  # members kept inside the kernel, in a row buffer or a scalar
         self.inlined: dict[str, TE] = {}  # members computed at their one reader
+        self.rows_in: dict[str, str] = {}  # tensors whose current row a C pointer holds (fused attention)
+        self.rows_out: dict[str, str] = {}  # members whose row goes to a C pointer instead of a buffer
         self.rank = len(step.members[-1].shape)
 
     def line(self, s: str) -> None:
@@ -224,6 +226,11 @@ class _Emitter:
         if ld.tensor in self.inlined:
             m = self.inlined[ld.tensor]
             return self.expr(substitute(m.body, dict(zip(m.axes, ld.index))))
+        if ld.tensor in self.rows_in:
+            ax = self.step.members[-1].axes
+            if not in_row(ld.index, ax, self.step.members[-1].shape):
+                raise CodegenError(f"{ld.tensor} is read outside its row inside kernel {self.step.name}")
+            return f"{self.rows_in[ld.tensor]}[{cidx(ld.index[-1], self.names)}]", self.buffers[ld.tensor].dtype
         if ld.tensor in self.local:
             m = self.local[ld.tensor]
             if not in_row(ld.index, m.axes, m.shape):
@@ -338,18 +345,18 @@ class _Emitter:
         raise CodegenError(f"no C for {fn} on {dt}")
 
     # -- the kernel -----------------------------------------------------------------------
-    def emit(self) -> KernelSource:
+    def prepare(self, outs: list[str]) -> list[str]:
+        """Decide where each member lives; returns the buffers the kernel reads."""
         st = self.step
         for m in st.members:
             if m.dtype not in CTYPE:
                 raise CodegenError(f"{m.name} has dtype {m.dtype}, which the CPU code generator does not support")
-        outs = list(st.outputs)
         ins = sorted({ld.tensor for m in st.members for ld in _loads(m.body, st.inline)} - set(outs)
-                     - {m.name for m in st.members})  # fmt: skip
+                     - {m.name for m in st.members} - set(self.rows_in))  # fmt: skip
         for n in ins + outs:
             if self.buffers[n].dtype not in CTYPE:
                 raise CodegenError(f"{n} has dtype {self.buffers[n].dtype}, not supported by the CPU code generator")
-        self.local = {m.name: m for m in st.members if m.name not in outs}
+        self.local = {m.name: m for m in st.members if m.name not in outs and m.name not in self.rows_out}
         # an element-wise member read at one place is computed where it is read
         sites = Counter(ld.tensor for m in st.members for ld, _ in loads(m.body))
         self.inlined = {
@@ -357,12 +364,27 @@ class _Emitter:
         }
         for n in self.inlined:
             del self.local[n]
-        body_start = len(self.lines)
+        return ins
+
+    def body(self, rows: tuple[Dim, ...] | None, depth: int) -> list[str]:
+        """The code of one row (its loop variables from `row`, unless `rows` is None: then
+        the caller defines them); fills `scratch_lines` with the row buffers to allocate."""
+        start = len(self.lines)
+        self.row_body(rows, depth)
+        body = self.lines[start:]
+        self.lines = self.lines[:start]
+        return body
+
+    def symbol_lines(self, code: list[str]) -> list[str]:
+        text = "\n".join(code + self.scratch_lines)
+        return [f"const int64_t s_{s} = sym[{k}];" for k, s in enumerate(self.symbols) if f"s_{s}" in text]
+
+    def emit(self) -> KernelSource:
+        st = self.step
+        outs = list(st.outputs)
+        ins = self.prepare(outs)
         rows = st.rows
-        self.depth = 2
-        self.row_body(rows)
-        body = self.lines[body_start:]
-        self.lines = self.lines[:body_start]
+        body = self.body(rows, 3)
         self.depth = 0
         sig = [f"{STORAGE[self.buffers[n].dtype]}* __restrict__ {n}" for n in outs]
         sig += [f"const {STORAGE[self.buffers[n].dtype]}* __restrict__ {n}" for n in ins]
@@ -382,9 +404,8 @@ class _Emitter:
         self.line("#pragma omp parallel if (parallel)")
         self.line("{")
         self.depth = 2
-        for k, s in enumerate(self.symbols):
-            if any(f"s_{s}" in b for b in body) or any(f"s_{s}" in b for b in self.scratch_lines):
-                self.line(f"const int64_t s_{s} = sym[{k}];")
+        for s in self.symbol_lines(body):
+            self.line(s)
         for s in self.scratch_lines:
             self.line(s)
         self.line("#pragma omp for schedule(static)")
@@ -397,11 +418,11 @@ class _Emitter:
         self.line("}")
         return KernelSource(st.name, "\n".join(self.lines), outs + ins, len(outs))
 
-    def row_body(self, rows: tuple[Dim, ...]) -> None:
-        self.depth = 3
+    def row_body(self, rows: tuple[Dim, ...] | None, depth: int) -> None:
+        self.depth = depth
         self.scratch_lines = []
         rem = "row"
-        for k in range(len(rows) - 1, -1, -1):
+        for k in range(len(rows or ()) - 1, -1, -1):
             d = rows[k]
             if d == 1:
                 self.line(f"const int64_t i{k} = 0;")
@@ -440,7 +461,9 @@ class _Emitter:
         self.line(f"for (int64_t {last} = 0; {last} < {cidx(m.shape[-1], self.names)}; ++{last}) {{")
         self.depth += 1
         code = self.typed(m.body, m.dtype)
-        if m.name in self.local:
+        if m.name in self.rows_out:
+            self.line(f"{self.rows_out[m.name]}[{last}] = {code};")
+        elif m.name in self.local:
             self.line(f"v_{m.name}[{last}] = {code};")
         else:
             addr = address(tuple(m.axes), self.buffers[m.name].strides)
