@@ -140,3 +140,20 @@ def test_markdown_shows_minimum_and_repetitions():
               "rows": summarize(res, b), "finished": "now"}  # fmt: skip
     md = report.markdown(result)
     assert "| B=1, S=16 | 2.00 |" in md and "| B=1, S=16 | 1.50 (n=3) |" in md
+
+
+def test_profile_of_the_compiled_program_covers_every_step(tmp_path):
+    """Not a timing test: the profile's rows account for every step once, with FLOPs where a
+    step multiplies and bytes everywhere."""
+    import symfuse
+    from symfuse.bench.worker import profile_symfuse
+    from symfuse.models import load
+
+    case = load("bert-small")
+    c = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic, cache_dir=str(tmp_path))
+    rows = {r["op"]: r for r in profile_symfuse(c, case.inputs(B=1, S=8))}
+    assert sum(r["calls"] for r in rows.values()) == len(c.native.schedule.steps)
+    assert rows["linear (row kernel)"]["calls"] == 4 * 4 + 1  # 4 per layer and the pooler
+    assert rows["attention (merged kernel)"]["calls"] == 4
+    assert rows["linear (row kernel)"]["flops"] > 0 and rows["C++ reduction kernels"]["bytes"] > 0
+    assert rows["torch: index"]["calls"] == 1

@@ -111,7 +111,7 @@ def profile_lines(result: dict) -> list[list[str]]:
     return rows
 
 
-PROFILE_HEADER = ["symfuse op", "calls", "ms", "GB/s", "GFLOP/s", "achieved"]
+PROFILE_HEADER = ["symfuse step", "calls", "ms", "GB/s", "GFLOP/s", "achieved"]
 
 
 def terminal(result: dict) -> str:

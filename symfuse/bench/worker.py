@@ -4,7 +4,7 @@ The parent talks to it in JSON lines on stdin/stdout. Replies start with `MARK`,
 whatever libraries print on stdout (exporters do) is skipped. Requests:
 `{"cmd": "run", "binding": {...}, "min_reps": n, "max_reps": m, "budget_s": t}` times the
 engine at one binding; `{"cmd": "stats"}` gives recompilations and peak memory;
-`{"cmd": "profile", "binding": {...}}` (symfuse only) times each op;
+`{"cmd": "profile", "binding": {...}}` (symfuse only) times each kind of step;
 `{"cmd": "quit"}` ends it. The first reply says whether the engine is ready.
 """
 
@@ -67,34 +67,64 @@ def _timed(fn) -> float:
 
 
 def profile_symfuse(compiled, inputs: dict) -> list[dict]:
-    """Per-op time, bytes moved and FLOPs of one symfuse call (reference backend: op = kernel)."""
-    from symfuse import ops
+    """Time, bytes moved and FLOPs of each kind of step of one call of the compiled program
+    (median of 5 profiled calls per step)."""
+    import statistics
+
+    from symfuse.ir.dims import evaluate
+    from symfuse.schedule.attention import AttentionStep
+    from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep
+
+    be = compiled.native
+    tensors = compiled._inputs((), inputs)
+    binding = compiled.guard(tensors)
+    runs = [dict(be.program.profile(tensors, binding)[0]) for _ in range(5)]
+    sched = be.schedule
+
+    def numel(dims) -> int:
+        n = 1
+        for d in dims:
+            n *= evaluate(d, binding)
+        return n
+
+    def nbytes(name: str) -> int:
+        b = sched.buffers[name]
+        return numel(b.shape) * b.dtype.torch.itemsize
 
     stats: dict = {}
-
-    def on_node(node, ins, outs, seconds):
-        out_bytes = sum(t.numel() * t.element_size() for t in outs)
-        storages = {t.untyped_storage().data_ptr() for t in ins if hasattr(t, "untyped_storage")}
-        if all(t.untyped_storage().data_ptr() in storages for t in outs):
-            out_bytes = 0  # a view: nothing was moved
-        if ops.get(node.op).kind in (ops.Kind.INJECTIVE, ops.Kind.BROADCAST):
-            nbytes = 2 * out_bytes  # a gather or view reads what it writes, not its whole input
+    for st in sched.steps:
+        if isinstance(st, AttentionStep):
+            q, k, v = st.scores.a.sizes, st.scores.b.sizes, st.context.b.sizes
+            label = "attention (merged kernel)" if evaluate(k[-1], binding) <= 128 else "attention (three steps)"
+            flops = 2 * numel(q[:-1]) * evaluate(k[-1], binding) * (evaluate(q[-1], binding) + evaluate(v[-1], binding))
+            moved = nbytes(st.out) + 3 * numel(q) * 4
+        elif isinstance(st, GemmStep):
+            out = sched.buffers[st.out].shape
+            if st.conv is not None:
+                label, k = "convolution (oneDNN)", numel(st.b.sizes[1:])
+            elif st.weight is not None:
+                k = evaluate(st.a.sizes[-1], binding)
+                label = "linear (row kernel)" if numel(out[:-1]) <= 48 else "linear (oneDNN)"
+            else:
+                label, k = "batched matmul (torch)", evaluate(st.a.sizes[-1], binding)
+            flops = 2 * numel(out) * k
+            moved = nbytes(st.out) + numel(st.a.sizes) * 4 + (numel(st.b.sizes) * 4 if st.b else 0)
+            if st.weight is not None:
+                moved += nbytes(st.weight)
+        elif isinstance(st, NativeStep):
+            label, flops = f"C++ {st.kind} kernels", 0
+            src = be.kernels.get(st.name)
+            moved = sum(nbytes(n) for n in src.args) if src else 0
         else:
-            nbytes = out_bytes + sum(t.numel() * t.element_size() for t in ins if hasattr(t, "numel"))
-        flops = 0
-        if node.op in ("matmul", "linear"):
-            k = ins[0].shape[-1]
-            flops = 2 * outs[0].numel() * k
-        elif node.op == "conv2d":
-            w = ins[1]
-            flops = 2 * outs[0].numel() * w[0].numel()
-        s = stats.setdefault(node.op, {"op": node.op, "calls": 0, "seconds": 0.0, "bytes": 0, "flops": 0})
+            assert isinstance(st, OpaqueStep)
+            label, flops = f"torch: {st.node.op}", 0
+            moved = sum(nbytes(v.name) for v in st.node.inputs if v is not None and v.name in sched.buffers)
+            moved += sum(nbytes(v.name) for v in st.node.outputs)
+        s = stats.setdefault(label, {"op": label, "calls": 0, "seconds": 0.0, "bytes": 0, "flops": 0})
         s["calls"] += 1
-        s["seconds"] += seconds
-        s["bytes"] += nbytes
+        s["seconds"] += statistics.median(r.get(st.name, 0.0) for r in runs)
+        s["bytes"] += moved
         s["flops"] += flops
-
-    compiled.profile(on_node, **inputs)
     return sorted(stats.values(), key=lambda s: -s["seconds"])
 
 
