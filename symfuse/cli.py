@@ -153,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--rounds", type=int, default=2, help="passes over all engines and shapes (order rotates)")
     b.add_argument("--min-reps", type=int, default=5, help="timed runs per shape and round, at least")
     b.add_argument("--budget", type=float, default=0.5, help="seconds of timed runs per shape and round")
-    b.add_argument("--profile", action="store_true", help="also time each kind of symfuse step against the physical limits")
+    b.add_argument(
+        "--profile", action="store_true", help="also time each kind of symfuse step against the physical limits"
+    )
     b.add_argument("--out", help="results folder (default symfuse-results/MODEL)")
     b.set_defaults(fn=cmd_bench)
     m = sub.add_parser("models", help="list the built-in models")
