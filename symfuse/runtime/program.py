@@ -46,10 +46,11 @@ class Program:
             f.argtypes = [ctypes.c_void_p] * kernels[name] + [ptr, ctypes.c_int64, ctypes.c_int64]
             f.restype = None
             setattr(ks, name, f)
-        rows = lib.sf_linear_rows  # (A, lda, W panels, bias, C, ldc, M, N, K, activation)
-        rows.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5
-        rows.restype = None
-        ks.sf_linear_rows = rows
+        if hasattr(lib, "sf_linear_rows"):  # (A, lda, W panels, bias, C, ldc, M, N, K, activation)
+            rows = lib.sf_linear_rows
+            rows.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5
+            rows.restype = None
+            ks.sf_linear_rows = rows
         take = lib.sf_take_error
         take.argtypes = [ptr]
         take.restype = ctypes.c_int64
