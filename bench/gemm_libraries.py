@@ -142,8 +142,8 @@ def openblas():
 def symfuse_rows():
     """symfuse's own kernel for few rows, built as the backend builds it."""
     from symfuse.codegen.cpu.build import build
+    from symfuse.codegen.cpu.c import PREAMBLE
     from symfuse.codegen.cpu.gemm import SOURCE
-    from symfuse.codegen.cpu.kernel import PREAMBLE
     from symfuse.options import Options
 
     path, _, _ = build(PREAMBLE + SOURCE, Options.from_env())

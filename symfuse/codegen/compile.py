@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 from symfuse.codegen.cpu.attention import emit_attention
 from symfuse.codegen.cpu.build import build
+from symfuse.codegen.cpu.c import PREAMBLE, CodegenError
 from symfuse.codegen.cpu.gemm import SOURCE as GEMM_SOURCE
 from symfuse.codegen.cpu.gemm import pack_panels
-from symfuse.codegen.cpu.kernel import PREAMBLE, CodegenError, KernelSource, emit_kernel
+from symfuse.codegen.cpu.kernel import KernelSource, emit_kernel
 from symfuse.codegen.host import generate_host
 from symfuse.fusion.plan import Plan, plan
 from symfuse.ir.graph import Graph, print_graph

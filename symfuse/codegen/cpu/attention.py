@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import sympy
 
-from symfuse.codegen.cpu.kernel import STORAGE, KernelSource, _Emitter, cidx
+from symfuse.codegen.cpu.c import STORAGE, cidx
+from symfuse.codegen.cpu.kernel import KernelSource, _Emitter
 from symfuse.ir.dims import fmt_shape
 from symfuse.schedule.attention import AttentionStep
 from symfuse.schedule.steps import Buffer
