@@ -149,7 +149,7 @@ def _blocks_section(graph: Graph, fp, native) -> list[str]:
 
 def _steps_section(native) -> list[str]:
     from symfuse.codegen.cpu.gemm import MAX_ROWS
-    from symfuse.schedule.attention import MERGED_KEYS, AttentionStep
+    from symfuse.schedule.attention import MERGED_KEYS, MERGED_KEYS_LIBRARY, AttentionStep
     from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep
 
     steps = native.schedule.steps
@@ -157,9 +157,17 @@ def _steps_section(native) -> list[str]:
     fallbacks = []
     for st in steps:
         if isinstance(st, AttentionStep):
+            above = (
+                f"torch's fused attention (scale {st.library.scale:g}, "
+                + ("mask" if st.library.mask else "no mask")
+                + ", safe softmax)"
+                if st.library
+                else "the three steps (torch.matmul, C++, torch.matmul)"
+            )
+            limit = MERGED_KEYS_LIBRARY if st.library else MERGED_KEYS
             out.append(
                 f"  {st.name}: merged attention ({st.scores.name} + {st.softmax.name} + {st.context.name}) as one "
-                f"native kernel up to {MERGED_KEYS} keys; above, the three steps (torch.matmul, C++, torch.matmul)"
+                f"native kernel up to {limit} keys; above, {above}"
             )
         elif isinstance(st, NativeStep) and st.name not in native.kernels:
             out.append(f"  {st.name}: tensor expressions through torch (no C++ for them) [{st.kind}]")

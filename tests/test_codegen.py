@@ -125,22 +125,26 @@ def test_explain_shows_the_executed_steps(tmp_path):
     assert_explain_per_layer(text, 4)
 
 
-def test_merged_attention_and_its_unmerged_version(tmp_path):
-    """Up to MERGED_KEYS keys the host runs the merged attention kernel, above it the three
-    steps; both agree with eager PyTorch, with padding in the mask, and never recompile."""
+def test_attention_versions_agree_with_eager(tmp_path):
+    """BERT's attention is merged into one kernel up to MERGED_KEYS_LIBRARY keys and runs as
+    torch's fused attention above; T5's (a position bias inside the row kernel) is merged up
+    to MERGED_KEYS keys and runs as three steps above. Every version agrees with eager,
+    with a padded key and an all-padding sequence, and no binding recompiles."""
     from symfuse.models import load
-    from symfuse.schedule.attention import MERGED_KEYS, AttentionStep
+    from symfuse.schedule.attention import MERGED_KEYS, MERGED_KEYS_LIBRARY, AttentionStep
 
-    case = load("bert-small")
-    c = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic, cache_dir=str(tmp_path))
-    merged = [s for s in c.native.schedule.steps if isinstance(s, AttentionStep)]
-    assert len(merged) == 4 and all(s.name in c.native.kernels for s in merged)
-    count = symfuse.compile_count()
-    for b, s in [(1, 1), (2, 5), (3, 67), (1, MERGED_KEYS), (2, MERGED_KEYS + 3)]:
-        inputs = case.inputs(B=b, S=s)
-        inputs["attention_mask"][:, -1] = 0  # a padded key
-        if b > 1:
-            inputs["attention_mask"][1] = 0  # a sequence of padding only: zeros from attention, not NaN
-        with torch.no_grad():
-            assert rel_err(c(**inputs), case.model(**inputs)) < 1e-4, (b, s)
-    assert symfuse.compile_count() == count
+    for name, library, limit in (("bert-small", True, MERGED_KEYS_LIBRARY), ("t5-encoder-small", False, MERGED_KEYS)):
+        case = load(name)
+        c = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic, cache_dir=str(tmp_path))
+        merged = [s for s in c.native.schedule.steps if isinstance(s, AttentionStep)]
+        assert len(merged) == 4 and all(s.name in c.native.kernels for s in merged)
+        assert all((s.library is not None) == library for s in merged), name
+        count = symfuse.compile_count()
+        for b, s in [(1, 1), (2, 5), (1, limit), (2, limit + 3)]:
+            inputs = case.inputs(B=b, S=s)
+            inputs["attention_mask"][:, -1] = 0  # a padded key
+            if b > 1:
+                inputs["attention_mask"][1] = 0  # a sequence of padding only: zeros from attention, not NaN
+            with torch.no_grad():
+                assert rel_err(c(**inputs), case.model(**inputs)) < 1e-4, (name, b, s)
+        assert symfuse.compile_count() == count

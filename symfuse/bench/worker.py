@@ -72,7 +72,7 @@ def profile_symfuse(compiled, inputs: dict) -> list[dict]:
     import statistics
 
     from symfuse.ir.dims import evaluate
-    from symfuse.schedule.attention import AttentionStep
+    from symfuse.schedule.attention import MERGED_KEYS, MERGED_KEYS_LIBRARY, AttentionStep
     from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep
 
     be = compiled.native
@@ -95,7 +95,11 @@ def profile_symfuse(compiled, inputs: dict) -> list[dict]:
     for st in sched.steps:
         if isinstance(st, AttentionStep):
             q, k, v = st.scores.a.sizes, st.scores.b.sizes, st.context.b.sizes
-            label = "attention (merged kernel)" if evaluate(k[-1], binding) <= 128 else "attention (three steps)"
+            keys = evaluate(k[-1], binding)
+            if keys <= (MERGED_KEYS_LIBRARY if st.library else MERGED_KEYS):
+                label = "attention (merged kernel)"
+            else:
+                label = "attention (torch fused)" if st.library else "attention (three steps)"
             flops = 2 * numel(q[:-1]) * evaluate(k[-1], binding) * (evaluate(q[-1], binding) + evaluate(v[-1], binding))
             moved = nbytes(st.out) + 3 * numel(q) * 4
         elif isinstance(st, GemmStep):

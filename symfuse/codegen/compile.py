@@ -47,7 +47,7 @@ class Backend:
 def native_steps(sched: Schedule) -> list:
     out = []
     for st in sched.steps:
-        if isinstance(st, AttentionStep):  # the merged kernel, and its row kernel for the unmerged version
+        if isinstance(st, AttentionStep):  # the merged kernel, and its row kernel for the three steps
             out += [st, st.softmax]
         elif isinstance(st, NativeStep):
             out.append(st)
@@ -76,7 +76,7 @@ def compile_program(graph: Graph, store: ShapeStore, opts: Options) -> Backend:
             else:
                 kernels[st.name] = emit_kernel(st, sched.buffers, symbols, gathers)
         except CodegenError as e:
-            if isinstance(st, AttentionStep):  # run its three steps as they were
+            if isinstance(st, AttentionStep):  # run its three steps as they were (no library shortcut)
                 i = sched.steps.index(st)
                 sched.steps[i : i + 1] = [st.scores, st.softmax, st.context]
                 sched.notes.append(f"{st.name} is not merged: {e}")

@@ -20,7 +20,7 @@ from symfuse.codegen.cpu.kernel import KernelSource
 from symfuse.ir.dims import to_python
 from symfuse.ir.dtypes import DType
 from symfuse.reference import attr_evaluator
-from symfuse.schedule.attention import MERGED_KEYS, AttentionStep
+from symfuse.schedule.attention import MERGED_KEYS, MERGED_KEYS_LIBRARY, AttentionStep
 from symfuse.schedule.layout import View, as_matrix
 from symfuse.schedule.memory import MemoryPlan, aligned, plan_memory
 from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep, Schedule
@@ -142,12 +142,19 @@ class _Host:
         return out
 
     def attention(self, st: AttentionStep) -> list[str]:
-        """Two versions, picked per call: the merged kernel up to MERGED_KEYS keys, where it
-        wins; the three steps above, where the library batched GEMMs do better."""
+        """Two versions, picked per call from the number of keys: the merged kernel where it
+        wins; above, torch's fused attention when the row kernel is exactly its scale, mask
+        and safe softmax, else the three steps (library batched GEMMs around the row kernel)."""
         keys = self.py(st.scores.b.sizes[-1])
-        out = [f"if {keys} <= {MERGED_KEYS}:"]
+        out = [f"if {keys} <= {MERGED_KEYS_LIBRARY if st.library else MERGED_KEYS}:"]
         out += ["    " + line for line in self.native(st)]
         out.append("else:")
+        if st.library is not None:  # torch's fused attention, straight into the output's layout
+            q, kt, v = st.scores.a, st.scores.b, st.context.b
+            k = View(kt.buffer, kt.sizes[:-2] + kt.sizes[::-1][:2], kt.strides[:-2] + kt.strides[::-1][:2], kt.offset)
+            mask = self.view(st.library.mask) if st.library.mask else "None"
+            call = f"sdpa({self.view(q)}, {self.view(k)}, {self.view(v)}, attn_mask={mask}, scale={st.library.scale!r})"
+            return out + ["    " + self.alloc(st.out), f"    t_{st.out}.copy_({call})"]
         for part in (st.scores, st.softmax, st.context):
             out += ["    " + line for line in (self.gemm(part) if isinstance(part, GemmStep) else self.native(part))]
         return out
@@ -258,6 +265,8 @@ def _is_compute(line: str) -> bool:
     if line.startswith("# ") or line.startswith("@alloc"):
         return False
     starts = ("k.", "te_", "matmul(", "if ", "else:")
+    if ".copy_(sdpa(" in line:
+        return True
     calls = (" = linear(", " = conv(", " = op_", "+=")
     return line.startswith(starts) or any(c in line for c in calls)
 

@@ -79,6 +79,7 @@ class Program:
             "linear": torch.ops.mkldnn._linear_pointwise,
             "matmul": torch.matmul,
             "conv": torch.ops.mkldnn._convolution_pointwise,
+            "sdpa": torch.nn.functional.scaled_dot_product_attention,
             "torch": torch,
             "now": time.perf_counter,
             **tensors,

@@ -7,19 +7,35 @@ batched GEMM reads as its left operand. Inside the merged kernel each (batch, he
 its keys and values once, then every block of query rows computes its scores with the
 GEMM micro-kernel, runs the row kernel's code on them in cache (the barrier between the
 two kernels becomes program order inside one thread) and multiplies by the values.
-Measured here, that wins up to about 128 keys; above, the library batched GEMMs are
-faster than the micro-kernel on these shapes, so the host keeps both versions and picks
-one per call from the number of keys.
+Measured here, that wins over the three steps up to about 128 keys (above, the library
+batched GEMMs are faster than the micro-kernel), so the host keeps both and picks per
+call. When the row kernel is exactly attention's scale, mask and safe softmax, torch's
+fused attention (a library kernel, as GEMMs are) beats both from about 64 keys and runs
+there instead; below, and for row kernels it cannot express (T5's position bias), the
+merged kernel runs.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from symfuse.schedule.layout import View
+from symfuse.schedule.layout import View, strided_view
 from symfuse.schedule.steps import GemmStep, NativeStep, Schedule, Step
 
-MERGED_KEYS = 128  # the host runs the merged kernel up to this many keys (docs/benchmarks.md)
+# the host runs the merged kernel up to this many keys, else the three steps, or else torch's
+# fused attention from MERGED_KEYS_LIBRARY up where the row kernel is its form (docs/benchmarks.md)
+MERGED_KEYS = 128
+MERGED_KEYS_LIBRARY = 64
+
+
+@dataclass(frozen=True)
+class LibraryForm:
+    """The row kernel is exactly attention's `safe_softmax(mask(scores * scale))`: torch's
+    fused attention computes the same thing, faster on this CPU than the merged kernel."""
+
+    scale: float
+    mask: View | None  # a bool mask (where) or an additive float mask, as a (broadcast) view
 
 
 @dataclass
@@ -29,8 +45,8 @@ class AttentionStep:
     softmax: NativeStep  # the row kernel between them
     context: GemmStep  # probs @ v
     out: str
-
     rows: tuple = ()  # the kernel walks (batch, head) pairs itself
+    library: LibraryForm | None = None
 
     @property
     def members(self) -> list[str]:
@@ -71,6 +87,72 @@ def _candidate(a: Step, b: Step, c: Step, sched: Schedule, readers: dict[str, in
     return _unit_last(a.a) and len(a.b.sizes) == 4 and len(c.b.sizes) == 4 and out.strides[-1] == 1
 
 
+def _scalar(v, producer) -> float | None:
+    n = producer.get(v)
+    if n is None or n.op != "full" or v.type.rank != 0 or not isinstance(n.attrs["value"], (int, float)):
+        return None
+    return float(n.attrs["value"])
+
+
+def _mask_view(st: AttentionStep, masked: str, sched: Schedule) -> View | None:
+    """The mask as the row kernel reads it: a strided view of its buffer over the scores'
+    shape (stride 0 where it broadcasts)."""
+    from symfuse.te.ir import Call, Load
+
+    te = next((m for m in st.softmax.members if m.name == masked), None)
+    if te is None or not isinstance(te.body, Call):
+        return None
+    args = te.body.args
+    loads_ = [a for a in (args[:1] if te.body.fn == "where" else args) if isinstance(a, Load)]
+    loads_ = [ld for ld in loads_ if ld.tensor in sched.buffers and ld.tensor != st.scores.out]
+    if len(loads_) != 1:
+        return None
+    ld = loads_[0]
+    v = strided_view(ld.tensor, ld.index, sched.buffers[ld.tensor].strides, te.axes, te.shape)
+    if v is None:
+        return None  # a broadcast dim stays 1, so the library need not expand the mask
+    return View(v.buffer, tuple(1 if s == 0 else d for d, s in zip(v.sizes, v.strides)), v.strides, v.offset)
+
+
+def library_form(st: AttentionStep, sched: Schedule) -> LibraryForm | None:
+    """Read the row kernel back as scale, mask and safe softmax, or None if it is more."""
+    g = sched.graph
+    producer = g.producers()
+    nodes = {v.name: n for n in g.nodes for v in n.outputs}
+    members = [m.name for m in st.softmax.members]
+    seq = [nodes[m] for m in members if m in nodes]
+    if not seq or seq[-1].op != "safe_softmax" or seq[-1].attrs["dim"] not in (-1, seq[-1].out.type.rank - 1):
+        return None
+    probs = seq[-1].out.name
+    if any(m not in nodes and not m.startswith(probs + "_") for m in members):
+        return None  # a TE of its own besides the softmax's statistics
+    x, mask, scale, rest = seq[-1].inputs[0], None, 1.0, seq[:-1]
+    if rest and rest[-1].out is x and rest[-1].op in ("where", "add"):
+        n = rest.pop()
+        if n.op == "where":
+            m, x, other = n.inputs
+            if m.type.dtype.name != "bool" or _scalar(other, producer) != -math.inf:
+                return None
+        else:
+            a, b = n.inputs
+            x, m = (a, b) if producer.get(a) is not None and producer[a].op == "mul" else (b, a)
+            if not m.type.dtype.is_float:
+                return None
+        mask = _mask_view(st, n.out.name, sched)
+        if mask is None:
+            return None
+    if rest and rest[-1].out is x and rest[-1].op == "mul":
+        n = rest.pop()
+        a, b = n.inputs
+        c, x = (_scalar(b, producer), a) if _scalar(b, producer) is not None else (_scalar(a, producer), b)
+        if c is None:
+            return None
+        scale = c
+    if rest or x.name != st.scores.out:
+        return None
+    return LibraryForm(scale, mask)
+
+
 def merge_attention(sched: Schedule) -> Schedule:
     readers: dict[str, int] = {}
     for st in sched.steps:
@@ -81,8 +163,11 @@ def merge_attention(sched: Schedule) -> Schedule:
     while i < len(sched.steps):
         a, b, c = (sched.steps + [None, None])[i : i + 3]
         if c is not None and _candidate(a, b, c, sched, readers):
-            steps.append(AttentionStep(f"{b.name}_attention", a, b, c, c.out))
-            sched.notes.append(f"{a.name}, {b.name} and {c.name} run as one kernel: the scores stay in cache")
+            st = AttentionStep(f"{b.name}_attention", a, b, c, c.out)
+            st.library = library_form(st, sched)
+            steps.append(st)
+            how = "torch's fused attention" if st.library else "one kernel"
+            sched.notes.append(f"{a.name}, {b.name} and {c.name} run as {how}: the scores never reach memory")
             i += 3
         else:
             steps.append(a)
@@ -91,4 +176,4 @@ def merge_attention(sched: Schedule) -> Schedule:
     return sched
 
 
-__all__ = ["MERGED_KEYS", "AttentionStep", "merge_attention"]
+__all__ = ["MERGED_KEYS", "MERGED_KEYS_LIBRARY", "AttentionStep", "LibraryForm", "library_form", "merge_attention"]
