@@ -10,7 +10,8 @@ which turns an expression into plain Python source once, keeping sympy off the h
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import cache
 
 import sympy
@@ -143,10 +144,32 @@ def fmt_shape(shape) -> str:
     return "[" + ", ".join(fmt(d) for d in shape) + "]"
 
 
-def to_python(d: DimLike, names: Mapping[sympy.Symbol, str] | None = None) -> str:
-    """Python source that computes `d` from variables named after its symbols."""
+@dataclass(frozen=True)
+class Spelling:
+    """How a target language writes integer arithmetic: Python here, C++ in the code
+    generator. `render` walks the expression once for every spelling."""
+
+    power: Callable[[str, int], str]
+    floordiv: Callable[[str, str], str]
+    ceildiv: Callable[[str, str], str]
+    mod: Callable[[str, str], str]
+    minmax: Callable[[str, list[str]], str]  # ("min" | "max", operands)
+    error: type[Exception] = ValueError
+
+
+PYTHON = Spelling(
+    power=lambda b, n: f"({b} ** {n})",
+    floordiv=lambda a, b: f"({a} // {b})",
+    ceildiv=lambda a, b: f"(-((-{a}) // {b}))",
+    mod=lambda a, b: f"({a} % {b})",
+    minmax=lambda f, args: f"{f}(" + ", ".join(args) + ")",
+)
+
+
+def render(d: DimLike, names: Mapping[sympy.Symbol, str], spell: Spelling) -> str:
+    """Source in `spell`'s language that computes `d` from variables named by `names` (or
+    after the symbols)."""
     d = dim(d)
-    names = names or {}
 
     def go(e: sympy.Expr) -> str:
         if e.is_Integer:
@@ -158,25 +181,26 @@ def to_python(d: DimLike, names: Mapping[sympy.Symbol, str] | None = None) -> st
         if e.is_Mul:
             num, den = sympy.fraction(e)
             if den != 1:
-                raise ValueError(f"dimension {fmt(d)} is not an integer expression")
+                raise spell.error(f"dimension {fmt(d)} is not an integer expression")
             return "(" + " * ".join(go(a) for a in e.args) + ")"
         if e.is_Pow and e.exp.is_Integer and e.exp > 0:
-            return f"({go(e.base)} ** {int(e.exp)})"
-        if isinstance(e, sympy.floor):
+            return spell.power(go(e.base), int(e.exp))
+        if isinstance(e, (sympy.floor, sympy.ceiling)):
             num, den = sympy.fraction(sympy.together(e.args[0]))
-            return f"({go(num)} // {go(den)})"
-        if isinstance(e, sympy.ceiling):
-            num, den = sympy.fraction(sympy.together(e.args[0]))
-            return f"(-((-{go(num)}) // {go(den)}))"
+            div = spell.floordiv if isinstance(e, sympy.floor) else spell.ceildiv
+            return div(go(num), go(den))
         if isinstance(e, sympy.Mod):
-            return f"({go(e.args[0])} % {go(e.args[1])})"
-        if isinstance(e, sympy.Min):
-            return "min(" + ", ".join(go(a) for a in e.args) + ")"
-        if isinstance(e, sympy.Max):
-            return "max(" + ", ".join(go(a) for a in e.args) + ")"
-        raise ValueError(f"cannot evaluate dimension expression {e}")
+            return spell.mod(go(e.args[0]), go(e.args[1]))
+        if isinstance(e, (sympy.Min, sympy.Max)):
+            return spell.minmax("min" if isinstance(e, sympy.Min) else "max", [go(a) for a in e.args])
+        raise spell.error(f"cannot write dimension expression {e}")
 
     return go(d)
+
+
+def to_python(d: DimLike, names: Mapping[sympy.Symbol, str] | None = None) -> str:
+    """Python source that computes `d` from variables named after its symbols."""
+    return render(d, names or {}, PYTHON)
 
 
 def evaluate(d: DimLike, binding: Mapping[str, int]) -> int:

@@ -7,7 +7,7 @@ import math
 
 import sympy
 
-from symfuse.ir.dims import fmt
+from symfuse.ir.dims import Spelling, render
 from symfuse.ir.dtypes import DType
 
 CTYPE = {
@@ -92,37 +92,26 @@ class CodegenError(NotImplementedError):
     pass
 
 
+def _min_max(f: str, args: list[str]) -> str:
+    out = args[0]
+    for a in args[1:]:
+        out = f"std::{f}<int64_t>({out}, {a})"
+    return out
+
+
+C_INDEX = Spelling(
+    power=lambda b, n: "(" + " * ".join([b] * n) + ")",
+    floordiv=lambda a, b: f"sf_floordiv<int64_t>({a}, {b})",
+    ceildiv=lambda a, b: f"(-sf_floordiv<int64_t>(-{a}, {b}))",
+    mod=lambda a, b: f"({a} - sf_floordiv<int64_t>({a}, {b}) * {b})",
+    minmax=_min_max,
+    error=CodegenError,
+)
+
+
 def cidx(e: sympy.Expr, names: dict) -> str:
     """C (int64) for an index expression; `names` maps shape symbols to C variables."""
-    if e.is_Integer:
-        return str(int(e))
-    if e.is_Symbol:
-        return names.get(e, e.name)
-    if e.is_Add:
-        return "(" + " + ".join(cidx(a, names) for a in e.args) + ")"
-    if e.is_Mul:
-        num, den = sympy.fraction(e)
-        if den != 1:
-            raise CodegenError(f"index {fmt(e)} is not an integer expression")
-        return "(" + " * ".join(cidx(a, names) for a in e.args) + ")"
-    if e.is_Pow and e.exp.is_Integer and e.exp > 0:
-        return "(" + " * ".join([cidx(e.base, names)] * int(e.exp)) + ")"
-    if isinstance(e, sympy.floor):
-        num, den = sympy.fraction(sympy.together(e.args[0]))
-        return f"sf_floordiv<int64_t>({cidx(num, names)}, {cidx(den, names)})"
-    if isinstance(e, sympy.ceiling):
-        num, den = sympy.fraction(sympy.together(e.args[0]))
-        return f"(-sf_floordiv<int64_t>(-{cidx(num, names)}, {cidx(den, names)}))"
-    if isinstance(e, sympy.Mod):
-        a, b = cidx(e.args[0], names), cidx(e.args[1], names)
-        return f"({a} - sf_floordiv<int64_t>({a}, {b}) * {b})"
-    if isinstance(e, (sympy.Min, sympy.Max)):
-        f = "std::min" if isinstance(e, sympy.Min) else "std::max"
-        out = cidx(e.args[0], names)
-        for a in e.args[1:]:
-            out = f"{f}<int64_t>({out}, {cidx(a, names)})"
-        return out
-    raise CodegenError(f"cannot generate C for index expression {e}")
+    return render(e, names, C_INDEX)
 
 
 def literal(v, dt: DType) -> str:
