@@ -10,6 +10,7 @@ is written to the dump folder with the C++.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import sympy
@@ -111,7 +112,7 @@ class _Host:
                 out.append(library)
             else:  # two versions, picked per call from the row count
                 rows, lda = mat
-                n, k = (int(d) for d in self.s.graph.constants_by_name()[st.weight].shape)
+                n, k = (int(d) for d in self.s.buffers[st.weight].shape)
                 p = f"p_{st.weight}"
                 self.code.panels[p] = st.weight
                 a = f"{self.ref(st.a.buffer)}.data_ptr() + {self.py(st.a.offset)} * 4"
@@ -187,7 +188,7 @@ class _Host:
             else:
                 lines = self.opaque(st)
             body.append([f"# {st.name}"] + lines)
-            reads.append({w[2:] for line in lines for w in _words(line) if w.startswith("t_")})
+            reads.append({name for line in lines for name in re.findall(r"\bt_(\w+)", line)})
         last: dict[str, int] = {}
         for i, r in enumerate(reads):
             for name in r:
@@ -269,16 +270,6 @@ def _is_compute(line: str) -> bool:
         return True
     calls = (" = linear(", " = conv(", " = op_", "+=")
     return line.startswith(starts) or any(c in line for c in calls)
-
-
-def _words(line: str):
-    word = []
-    for ch in line + " ":
-        if ch.isalnum() or ch == "_":
-            word.append(ch)
-        elif word:
-            yield "".join(word)
-            word = []
 
 
 def generate_host(sched: Schedule, kernels: dict[str, KernelSource], symbols: list[str]) -> HostCode:

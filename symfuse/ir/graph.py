@@ -55,9 +55,6 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     outputs: list[Value] = field(default_factory=list)
 
-    def constants_by_name(self) -> dict[str, torch.Tensor]:
-        return {v.name: t for v, t in self.constants.items()}
-
     def producers(self) -> dict[Value, Node]:
         return {v: n for n in self.nodes for v in n.outputs}
 

@@ -48,10 +48,6 @@ class AttentionStep:
     rows: tuple = ()  # the kernel walks (batch, head) pairs itself
     library: LibraryForm | None = None
 
-    @property
-    def members(self) -> list[str]:
-        return [self.scores.anchor] + [m.name for m in self.softmax.members] + [self.context.anchor]
-
 
 def _reads(st: Step) -> set[str]:
     from symfuse.te.analysis import loads

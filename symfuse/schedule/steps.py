@@ -68,7 +68,6 @@ class GemmStep:
     postop: tuple[str, str] | None = None  # (oneDNN attr, algorithm)
     conv: tuple | None = None  # conv2d: (padding, stride, dilation, groups)
     epilogue: NativeStep | None = None
-    members: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -118,13 +117,13 @@ class _Builder:
             return True
         return any(self.kernel_of.get(r) is not kernel for r in self.a.readers.get(name, []))
 
-    def temp(self, name: str, order: tuple[int, ...] | None = None) -> None:
+    def temp(self, name: str) -> None:
         t = self.items[name]
         if isinstance(t, Opaque):
             for v in self.prog.nodes[name].outputs:
                 self.buffers[v.name] = Buffer(v.name, v.type.shape, v.type.dtype, row_major(v.type.shape), "temp")
             return
-        self.buffers[name] = Buffer(name, t.shape, t.dtype, row_major(t.shape, order), "temp")
+        self.buffers[name] = Buffer(name, t.shape, t.dtype, row_major(t.shape), "temp")
 
     def run(self) -> Schedule:
         # generators read as whole tensors (by torch or a GEMM, or returned) need a buffer
@@ -162,7 +161,7 @@ class _Builder:
         consts = self.prog.graph.constants
         const_names = {v.name for v in consts}
         epi = [m for m in k.members if m != anchor]
-        step = GemmStep(k.name, node.op, anchor, anchor, members=list(k.members))
+        step = GemmStep(k.name, node.op, anchor, anchor)
         if node.op == "conv2d":  # oneDNN's convolution reads its input whole (the rule materialised it)
             xv, wv, bv = node.inputs
             buf = self.buffers[xv.name]

@@ -61,7 +61,6 @@ class _Emitter:
         self.inlined: dict[str, TE] = {}  # members computed at their one reader
         self.rows_in: dict[str, str] = {}  # tensors whose current row a C pointer holds (fused attention)
         self.rows_out: dict[str, str] = {}  # members whose row goes to a C pointer instead of a buffer
-        self.rank = len(step.members[-1].shape)
 
     def line(self, s: str) -> None:
         self.lines.append("  " * self.depth + s)
@@ -69,11 +68,6 @@ class _Emitter:
     def var(self, base: str) -> str:
         self.fresh += 1
         return f"{base}{self.fresh}"
-
-    def dtype_of(self, name: str) -> DType:
-        if name in self.buffers:
-            return self.buffers[name].dtype
-        return (self.local.get(name) or self.step.inline[name]).dtype
 
     # -- scalars ------------------------------------------------------------------------
     def expr(self, s: Scalar) -> tuple[str, DType]:
