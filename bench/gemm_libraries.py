@@ -140,17 +140,22 @@ def openblas():
 
 
 def symfuse_rows():
-    """symfuse's own kernel for few rows, built as the backend builds it."""
+    """symfuse's own kernel for few rows, built as the backend builds it for this machine's
+    target (SYMFUSE_ISA picks another); returns the function and its panel width."""
     from symfuse.codegen.cpu.build import build
-    from symfuse.codegen.cpu.c import PREAMBLE
-    from symfuse.codegen.cpu.gemm import SOURCE
+    from symfuse.codegen.cpu.c import preamble
+    from symfuse.codegen.cpu.gemm import gemm_source, tile_for
+    from symfuse.codegen.cpu.target import detect
     from symfuse.options import Options
 
-    path, _, _ = build(PREAMBLE + SOURCE, Options.from_env())
+    opts = Options.from_env()
+    target = detect(opts.cxx, opts.isa, opts.machine_cache)
+    tile = tile_for(target)
+    path, _, _ = build(preamble(target) + gemm_source(tile), target, opts)
     fn = ctypes.CDLL(path).sf_linear_rows
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5
     fn.restype = None
-    return fn
+    return fn, tile.panel
 
 
 def forward_pass(rows=(1, 8, 16, 33, 48, 64, 128)) -> None:
@@ -160,8 +165,8 @@ def forward_pass(rows=(1, 8, 16, 33, 48, 64, 128)) -> None:
     ws = [torch.randn(n, k) * 0.02 for k, n in layers]
     bs = [torch.randn(n) for _, n in layers]
     wd = [torch.ops.mkldnn._reorder_linear_weight(w) for w in ws]
-    wp = [pack_panels(w) for w in ws]
-    fn = symfuse_rows()
+    fn, panel = symfuse_rows()
+    wp = [pack_panels(w, panel) for w in ws]
     mb = sum(w.numel() for w in ws) * 4 / 1e6
     print(f"\nall 48 linear layers of BERT-base in sequence ({mb:.0f} MB of weights), ms per pass")
     print("| rows | mkl | onednn | symfuse rows kernel |")

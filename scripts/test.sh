@@ -3,6 +3,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
+# the aarch64 kernel tests cross-compile and run under qemu-user (tests/test_cross.py)
+if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing g++-aarch64-linux-gnu and qemu-user for the aarch64 kernel tests"
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y -q g++-aarch64-linux-gnu qemu-user >.venv/apt.log 2>&1 ||
+      { apt-get update -q >>.venv/apt.log 2>&1 &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q g++-aarch64-linux-gnu qemu-user >>.venv/apt.log 2>&1; }) ||
+      echo "could not install them (see .venv/apt.log): the aarch64 tests will be skipped"
+  else
+    echo "note: without g++-aarch64-linux-gnu and qemu-user the aarch64 kernel tests are skipped"
+  fi
+fi
 .venv/bin/ruff check symfuse tests bench
 echo "== tier: unit"
 .venv/bin/python -m pytest -q -m "not models"

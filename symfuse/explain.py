@@ -148,12 +148,21 @@ def _blocks_section(graph: Graph, fp, native) -> list[str]:
 
 
 def _steps_section(native) -> list[str]:
-    from symfuse.codegen.cpu.gemm import MAX_ROWS
-    from symfuse.schedule.attention import MERGED_KEYS, MERGED_KEYS_LIBRARY, AttentionStep
+    from symfuse.codegen.cpu.gemm import tile_for
+    from symfuse.schedule.attention import AttentionStep
     from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep
 
     steps = native.schedule.steps
-    out = [f"\nexecution ({len(steps)} steps; every size a run-time symbol):"]
+    tile = tile_for(native.target)
+    out = [
+        f"\ntarget: {native.target.describe()}",
+        f"  GEMM micro-kernel tile: {tile.rows} rows x {tile.vectors} vectors ({tile.panel}-column weight panels)",
+    ]
+    if native.thresholds:
+        out.append("version switch points (the host picks a version per call from the size):")
+        out += [f"  {th.describe()}" for th in sorted(native.thresholds.values(), key=lambda t: (t.kind, t.shape))]
+    out.append(f"\nexecution ({len(steps)} steps; every size a run-time symbol):")
+
     fallbacks = []
     for st in steps:
         if isinstance(st, AttentionStep):
@@ -164,10 +173,9 @@ def _steps_section(native) -> list[str]:
                 if st.library
                 else "the three steps (torch.matmul, C++, torch.matmul)"
             )
-            limit = MERGED_KEYS_LIBRARY if st.library else MERGED_KEYS
             out.append(
                 f"  {st.name}: merged attention ({st.scores.name} + {st.softmax.name} + {st.context.name}) as one "
-                f"native kernel up to {limit} keys; above, {above}"
+                f"native kernel up to {native.limit(st)} keys; above, {above}"
             )
         elif isinstance(st, NativeStep) and st.name not in native.kernels:
             out.append(f"  {st.name}: tensor expressions through torch (no C++ for them) [{st.kind}]")
@@ -178,7 +186,11 @@ def _steps_section(native) -> list[str]:
             if st.conv is not None:
                 lib = "oneDNN convolution"
             elif st.weight:
-                lib = f"linear: symfuse's row kernel up to {MAX_ROWS} rows, oneDNN above (weights prepared once)"
+                lib = (
+                    f"linear: symfuse's row kernel up to {native.limit(st)} rows, oneDNN above (weights prepared once)"
+                    if st.name in native.host_thresholds
+                    else "linear: oneDNN (weights prepared once)"
+                )
             else:
                 lib = "torch.matmul on strided views"
             if st.postop:

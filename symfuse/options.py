@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+# thresholds between kernel versions that can be set by hand (else measured per machine)
+THRESHOLD_KINDS = ("linear_rows", "attention_keys", "attention_keys_library")
+
 
 @dataclass(frozen=True)
 class Options:
@@ -12,15 +15,9 @@ class Options:
     cache_dir: str = ""  # compiled kernels, keyed by a content hash; "" means the default
     dump_dir: str = ""  # when set, every stage is written here (graph, TEs, plan, C++, host code)
     cxx: str = "g++"
-    cxx_flags: tuple[str, ...] = (
-        "-O3",
-        "-march=native",
-        "-fopenmp",
-        "-fno-math-errno",
-        "-fno-trapping-math",
-        "-fPIC",
-        "-std=c++17",
-    )
+    isa: str = ""  # "" detects the best this machine runs; generic | avx2 | avx512 | neon asks for one
+    machine_dir: str = ""  # the detected target and measured thresholds; "" means the default
+    thresholds: tuple[tuple[str, int], ...] = ()  # (kind, value): set a version switch point by hand
 
     @staticmethod
     def from_env(**overrides) -> Options:
@@ -28,10 +25,36 @@ class Options:
             "cache_dir": os.environ.get("SYMFUSE_CACHE_DIR", ""),
             "dump_dir": os.environ.get("SYMFUSE_DUMP_DIR", ""),
             "cxx": os.environ.get("CXX", "g++"),
+            "isa": os.environ.get("SYMFUSE_ISA", "").strip().lower(),
+            "machine_dir": os.environ.get("SYMFUSE_MACHINE_DIR", ""),
+            "thresholds": parse_thresholds(os.environ.get("SYMFUSE_THRESHOLDS", ""), "SYMFUSE_THRESHOLDS"),
         }
-        env.update({k: v for k, v in overrides.items() if v is not None})
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if isinstance(given.get("thresholds"), (dict, str)):
+            given["thresholds"] = parse_thresholds(given["thresholds"], "thresholds")
+        env.update(given)
         return Options(**env)
 
     @property
     def kernel_cache(self) -> str:
         return self.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "symfuse", "kernels")
+
+    @property
+    def machine_cache(self) -> str:
+        return self.machine_dir or os.path.join(os.path.expanduser("~"), ".cache", "symfuse", "machine")
+
+
+def parse_thresholds(spec: str | dict, origin: str) -> tuple[tuple[str, int], ...]:
+    """`"linear_rows=0,attention_keys=64"` or a dict of the same: switch points set by hand."""
+    items = spec.items() if isinstance(spec, dict) else [p.split("=", 1) for p in spec.split(",") if p.strip()]
+    out = []
+    for item in items:
+        if len(item) != 2:
+            raise ValueError(f"{origin}: expected kind=rows, e.g. linear_rows=48; got {'='.join(item)!r}")
+        kind, value = item[0].strip(), str(item[1]).strip()
+        if kind not in THRESHOLD_KINDS:
+            raise ValueError(f"{origin}: unknown threshold {kind!r}; symfuse has {', '.join(THRESHOLD_KINDS)}")
+        if not value.isdigit():
+            raise ValueError(f"{origin}: {kind} must be a whole number >= 0, got {value!r}")
+        out.append((kind, int(value)))
+    return tuple(out)

@@ -126,19 +126,26 @@ def test_explain_shows_the_executed_steps(tmp_path):
 
 
 def test_attention_versions_agree_with_eager(tmp_path):
-    """BERT's attention is merged into one kernel up to MERGED_KEYS_LIBRARY keys and runs as
-    torch's fused attention above; T5's (a position bias inside the row kernel) is merged up
-    to MERGED_KEYS keys and runs as three steps above. Every version agrees with eager,
-    with a padded key and an all-padding sequence, and no binding recompiles."""
+    """BERT's attention is merged into one kernel up to a number of keys and runs as torch's
+    fused attention above; T5's (a position bias inside the row kernel) is merged up to its
+    switch point and runs as three steps above. With the switch point set by hand, every
+    version agrees with eager, with a padded key and an all-padding sequence, and no
+    binding recompiles; moving the switch point at run time needs no compile either."""
     from symfuse.models import load
-    from symfuse.schedule.attention import MERGED_KEYS, MERGED_KEYS_LIBRARY, AttentionStep
+    from symfuse.schedule.attention import AttentionStep
 
-    for name, library, limit in (("bert-small", True, MERGED_KEYS_LIBRARY), ("t5-encoder-small", False, MERGED_KEYS)):
+    limit = 16
+    for name, library in (("bert-small", True), ("t5-encoder-small", False)):
         case = load(name)
-        c = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic, cache_dir=str(tmp_path))
+        kind = "attention_keys_library" if library else "attention_keys"
+        c = symfuse.compile(
+            case.model, case.inputs(**case.example), case.dynamic, cache_dir=str(tmp_path), thresholds={kind: limit}
+        )
         merged = [s for s in c.native.schedule.steps if isinstance(s, AttentionStep)]
         assert len(merged) == 4 and all(s.name in c.native.kernels for s in merged)
         assert all((s.library is not None) == library for s in merged), name
+        assert all(c.native.limit(s) == limit for s in merged)
+        assert f"merged kernel up to {limit} keys" in c.explain(with_graph=False)
         count = symfuse.compile_count()
         for b, s in [(1, 1), (2, 5), (1, limit), (2, limit + 3)]:
             inputs = case.inputs(B=b, S=s)
@@ -146,5 +153,11 @@ def test_attention_versions_agree_with_eager(tmp_path):
             if b > 1:
                 inputs["attention_mask"][1] = 0  # a sequence of padding only: zeros from attention, not NaN
             with torch.no_grad():
-                assert rel_err(c(**inputs), case.model(**inputs)) < 1e-4, (name, b, s)
+                want = case.model(**inputs)
+            assert rel_err(c(**inputs), want) < 1e-4, (name, b, s)
+            for th in c.native.thresholds:  # the other version at the same binding
+                c.native.program.set_threshold(th, 0 if s <= limit else 1 << 20)
+            assert rel_err(c(**inputs), want) < 1e-4, (name, b, s, "other version")
+            for th in c.native.thresholds:
+                c.native.program.set_threshold(th, c.native.thresholds[th].value)
         assert symfuse.compile_count() == count

@@ -72,7 +72,7 @@ def profile_symfuse(compiled, inputs: dict) -> list[dict]:
     import statistics
 
     from symfuse.ir.dims import evaluate
-    from symfuse.schedule.attention import MERGED_KEYS, MERGED_KEYS_LIBRARY, AttentionStep
+    from symfuse.schedule.attention import AttentionStep
     from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep
 
     be = compiled.native
@@ -96,7 +96,7 @@ def profile_symfuse(compiled, inputs: dict) -> list[dict]:
         if isinstance(st, AttentionStep):
             q, k, v = st.scores.a.sizes, st.scores.b.sizes, st.context.b.sizes
             keys = evaluate(k[-1], binding)
-            if keys <= (MERGED_KEYS_LIBRARY if st.library else MERGED_KEYS):
+            if keys <= be.limit(st):
                 label = "attention (merged kernel)"
             else:
                 label = "attention (torch fused)" if st.library else "attention (three steps)"
@@ -108,7 +108,8 @@ def profile_symfuse(compiled, inputs: dict) -> list[dict]:
                 label, k = "convolution (oneDNN)", numel(st.b.sizes[1:])
             elif st.weight is not None:
                 k = evaluate(st.a.sizes[-1], binding)
-                label = "linear (row kernel)" if numel(out[:-1]) <= 48 else "linear (oneDNN)"
+                own = be.limit(st) is not None and numel(out[:-1]) <= be.limit(st)
+                label = "linear (row kernel)" if own else "linear (oneDNN)"
             else:
                 label, k = "batched matmul (torch)", evaluate(st.a.sizes[-1], binding)
             flops = 2 * numel(out) * k

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 
 from symfuse.codegen.cpu.attention import emit_attention
 from symfuse.codegen.cpu.build import build
-from symfuse.codegen.cpu.c import PREAMBLE, CodegenError
-from symfuse.codegen.cpu.gemm import SOURCE as GEMM_SOURCE
-from symfuse.codegen.cpu.gemm import pack_panels
+from symfuse.codegen.cpu.c import CodegenError, preamble
+from symfuse.codegen.cpu.calibrate import Calibration, Threshold
+from symfuse.codegen.cpu.gemm import Tile, gemm_source, pack_panels, tile_for
 from symfuse.codegen.cpu.kernel import KernelSource, emit_kernel
-from symfuse.codegen.host import generate_host
+from symfuse.codegen.cpu.target import Target, detect
+from symfuse.codegen.host import HostCode, generate_host
 from symfuse.fusion.plan import Plan, plan
 from symfuse.ir.graph import Graph, print_graph
 from symfuse.options import Options
@@ -41,7 +42,19 @@ class Backend:
     schedule: Schedule
     kernels: dict[str, KernelSource]
     cached: bool
+    target: Target
+    thresholds: dict[str, Threshold]  # namespace name -> its value and where it came from
+    host_thresholds: dict[str, str]  # step -> the threshold it reads
     seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def attention_steps(self) -> list[AttentionStep]:
+        return [st for st in self.schedule.steps if isinstance(st, AttentionStep)]
+
+    def limit(self, step) -> int | None:
+        """Up to which size (rows or keys) `step` runs symfuse's own version, or None if it has one."""
+        name = self.host_thresholds.get(step.name)
+        return self.thresholds[name].value if name else None
 
 
 def native_steps(sched: Schedule) -> list:
@@ -56,15 +69,27 @@ def native_steps(sched: Schedule) -> list:
     return out
 
 
-def compile_program(graph: Graph, store: ShapeStore, opts: Options) -> Backend:
-    t: dict[str, float] = {}
-    t0 = time.perf_counter()
+@dataclass
+class Generated:
+    """Everything generated for one target before a compiler runs: the C++ and the host code."""
+
+    te: TEProgram
+    plan: Plan
+    schedule: Schedule
+    kernels: dict[str, KernelSource]
+    gathers: list[str]  # what each checked gather reads, for the run-time error
+    host: HostCode
+    source: str
+    tile: Tile
+    symbols: list[str]  # the order of `sym[]`, the sizes every kernel reads
+
+
+def generate(graph: Graph, store: ShapeStore, target: Target) -> Generated:
+    """Lower, plan, schedule and generate C++ for `target` (nothing is built or run)."""
     prog = lower(graph)
     analysis = analyse(prog)
     fp = plan(prog, analysis, store)
     sched = merge_attention(build_schedule(prog, analysis, fp))
-    t["lower, analyse, plan, schedule"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
     symbols = list(store.symbols)
     natives = native_steps(sched)
     kernels: dict[str, KernelSource] = {}
@@ -85,26 +110,59 @@ def compile_program(graph: Graph, store: ShapeStore, opts: Options) -> Backend:
                 continue
             sched.notes.append(f"{st.name} runs its tensor expressions through torch: {e}")
     host = generate_host(sched, kernels, symbols)
+    tile = tile_for(target)
     # the GEMM micro-kernel only where a step calls it: it is most of a small library's build time
-    gemm = GEMM_SOURCE if host.panels or any(isinstance(st, AttentionStep) for st in sched.steps) else ""
-    source = PREAMBLE + gemm + "\n" + "\n\n".join(k.source for k in kernels.values()) + "\n"
-    t["generate C++ and host code"] = time.perf_counter() - t0
-    library, cached, secs = build(source, opts)
+    gemm = gemm_source(tile) if host.panels or any(isinstance(st, AttentionStep) for st in sched.steps) else ""
+    source = preamble(target) + gemm + "\n" + "\n\n".join(k.source for k in kernels.values()) + "\n"
+    return Generated(prog, fp, sched, kernels, gathers, host, source, tile, symbols)
+
+
+def compile_program(graph: Graph, store: ShapeStore, opts: Options, target: Target | None = None) -> Backend:
+    t: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if target is None:
+        target = detect(opts.cxx, opts.isa, opts.machine_cache)
+    t["target"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    gen = generate(graph, store, target)
+    host = gen.host
+    t["lower, plan, schedule, generate C++ and host code"] = time.perf_counter() - t0
+    library, cached, secs = build(gen.source, target, opts)
     t["build (cache hit)" if cached else "build (g++)"] = secs
     t0 = time.perf_counter()
     consts = {v.name: tensor for v, tensor in graph.constants.items()}
     tensors = {k: consts[v].contiguous() for k, v in host.constants.items()}
     tensors.update({k: reorder_weight(consts[v]) for k, v in host.packed.items()})
-    tensors.update({k: pack_panels(consts[v]) for k, v in host.panels.items()})
+    tensors.update({k: pack_panels(consts[v], gen.tile.panel) for k, v in host.panels.items()})
+    gathers = gen.gathers
 
     def describe(i: int) -> str:
         return gathers[i] if 0 <= i < len(gathers) else f"gather #{i}"
 
-    program = Program(host.source, library, host.kernels, len(symbols), tensors, dict(host.opaque), describe)
     t["load"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    linear_bytes = sum(tensors[k].numel() * 4 for k in host.panels)
+    thresholds = switch_points(host.thresholds, target, opts, linear_bytes)
+    t["switch points"] = time.perf_counter() - t0
+    values = {name: th.value for name, th in thresholds.items()}
+    symbols = len(store.symbols)
+    program = Program(host.source, library, host.kernels, symbols, tensors, dict(host.opaque), describe, values)
     if opts.dump_dir:
-        _dump(opts.dump_dir, graph, prog, fp, sched, source, host.source)
-    return Backend(program, prog, fp, sched, kernels, cached, t)
+        _dump(opts.dump_dir, graph, gen.te, gen.plan, gen.schedule, gen.source, host.source)
+    return Backend(
+        program, gen.te, gen.plan, gen.schedule, gen.kernels, cached, target, thresholds, host.step_thresholds, t
+    )
+
+
+def switch_points(wanted: dict[str, tuple[str, tuple[int, ...]]], target: Target, opts: Options, linear_bytes: int):
+    """The value of every threshold the host code reads: set by hand, cached, or measured now.
+    Linear layers are measured with their weights streaming from memory when the model's
+    linear weights do not fit in the L3 cache."""
+    if not wanted:
+        return {}
+    streamed = linear_bytes > target.l3
+    cal = Calibration(target, opts)
+    return {name: cal.get(kind, shape, streamed and kind == "linear_rows") for name, (kind, shape) in wanted.items()}
 
 
 def _dump(folder: str, graph: Graph, prog: TEProgram, fp: Plan, sched: Schedule, cpp: str, host: str) -> None:

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 import sympy
 
 from symfuse import ops
-from symfuse.codegen.cpu.gemm import MAX_ROWS, activation_code
+from symfuse.codegen.cpu.calibrate import ANY_HEAD
+from symfuse.codegen.cpu.gemm import activation_code
 from symfuse.codegen.cpu.kernel import KernelSource
 from symfuse.ir.dims import to_python
 from symfuse.ir.dtypes import DType
 from symfuse.reference import attr_evaluator
-from symfuse.schedule.attention import MERGED_KEYS, MERGED_KEYS_LIBRARY, AttentionStep
+from symfuse.schedule.attention import AttentionStep
 from symfuse.schedule.layout import View, as_matrix
 from symfuse.schedule.memory import MemoryPlan, aligned, plan_memory
 from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep, Schedule
@@ -36,6 +37,9 @@ class HostCode:
     panels: dict[str, str] = field(default_factory=dict)  # namespace name -> weight to pack for sf_linear_rows
     opaque: dict[str, tuple] = field(default_factory=dict)  # namespace name -> (reference fn, attr evaluator)
     kernels: dict[str, int] = field(default_factory=dict)  # native kernel -> number of buffer arguments
+    # namespace name -> (kind, shape): a version switch point, measured per machine (calibrate.py)
+    thresholds: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    step_thresholds: dict[str, str] = field(default_factory=dict)  # step -> the threshold it reads
 
 
 class _Host:
@@ -74,6 +78,12 @@ class _Host:
             return f"{indent}t_{name} = empty_strided({shape}, {strides}, dtype={b.dtype.torch})"
         item = b.dtype.torch.itemsize
         return f"{indent}t_{name} = as_strided(ws_{b.dtype.name}, {shape}, {strides}, z{mem.slot_of[name]} // {item})"
+
+    def threshold(self, step: str, kind: str, shape: tuple[int, ...]) -> str:
+        name = f"th_{kind}_{'_'.join(map(str, shape))}"
+        self.code.thresholds[name] = (kind, shape)
+        self.code.step_thresholds[step] = name
+        return name
 
     def view(self, v: View) -> str:
         return f"view({self.ref(v.buffer)}, {self.tup(v.sizes)}, {self.tup(v.strides)}, {self.py(v.offset)})"
@@ -118,7 +128,8 @@ class _Host:
                 a = f"{self.ref(st.a.buffer)}.data_ptr() + {self.py(st.a.offset)} * 4"
                 b = f"{self.ref(st.bias)}.data_ptr()" if st.bias else "None"
                 act = activation_code(st.postop)
-                out.append(f"if {self.py(rows)} <= {MAX_ROWS}:")
+                th = self.threshold(st.name, "linear_rows", (k, n))
+                out.append(f"if {self.py(rows)} <= {th}:")
                 out.append("    " + self.alloc(st.out))
                 out.append(
                     f"    k.sf_linear_rows({a}, {self.py(lda)}, {p}.data_ptr(), {b}, t_{st.out}.data_ptr(), "
@@ -147,7 +158,10 @@ class _Host:
         wins; above, torch's fused attention when the row kernel is exactly its scale, mask
         and safe softmax, else the three steps (library batched GEMMs around the row kernel)."""
         keys = self.py(st.scores.b.sizes[-1])
-        out = [f"if {keys} <= {MERGED_KEYS_LIBRARY if st.library else MERGED_KEYS}:"]
+        d = st.scores.a.sizes[-1]
+        head = (int(d),) if d.is_Integer else (ANY_HEAD,)
+        th = self.threshold(st.name, "attention_keys_library" if st.library else "attention_keys", head)
+        out = [f"if {keys} <= {th}:"]
         out += ["    " + line for line in self.native(st)]
         out.append("else:")
         if st.library is not None:  # torch's fused attention, straight into the output's layout

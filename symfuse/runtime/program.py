@@ -29,11 +29,13 @@ class Program:
         tensors: dict[str, torch.Tensor],
         functions: dict[str, object],
         describe: Callable[[int], str],
+        thresholds: dict[str, int] | None = None,
     ) -> None:
         self.source = source
         self.library = library
         lib = ctypes.CDLL(library)
         self._lib = lib
+        self.thresholds = dict(thresholds or {})  # version switch points the host code reads at each call
         sym_t = ctypes.c_int64 * max(n_symbols, 1)
         ptr = ctypes.POINTER(ctypes.c_int64)
 
@@ -84,10 +86,19 @@ class Program:
             "now": time.perf_counter,
             **tensors,
             **functions,
+            **self.thresholds,
         }
         exec(compile(source, "<symfuse host>", "exec"), ns)  # noqa: S102
+        self._ns = ns
+        self.kernels = ks
         self._run = ns["run"]
         self._run_timed = ns["run_timed"]
+
+    def set_threshold(self, name: str, value: int) -> None:
+        """Move a version switch point (read by the host code at every call)."""
+        if name not in self.thresholds:
+            raise KeyError(f"no threshold {name!r}; this program has {', '.join(self.thresholds) or 'none'}")
+        self.thresholds[name] = self._ns[name] = int(value)
 
     def __call__(self, inputs: list[torch.Tensor], binding: dict[str, int]) -> list[torch.Tensor]:
         with torch.no_grad():

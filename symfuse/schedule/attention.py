@@ -7,12 +7,11 @@ batched GEMM reads as its left operand. Inside the merged kernel each (batch, he
 its keys and values once, then every block of query rows computes its scores with the
 GEMM micro-kernel, runs the row kernel's code on them in cache (the barrier between the
 two kernels becomes program order inside one thread) and multiplies by the values.
-Measured here, that wins over the three steps up to about 128 keys (above, the library
-batched GEMMs are faster than the micro-kernel), so the host keeps both and picks per
-call. When the row kernel is exactly attention's scale, mask and safe softmax, torch's
-fused attention (a library kernel, as GEMMs are) beats both from about 64 keys and runs
-there instead; below, and for row kernels it cannot express (T5's position bias), the
-merged kernel runs.
+The host keeps a second version and picks per call from the number of keys: torch's fused
+attention (a library kernel, as GEMMs are) when the row kernel is exactly attention's
+scale, mask and safe softmax, else the three steps (library batched GEMMs around the row
+kernel). Where the merged kernel stops winning depends on the CPU: the switch point is
+measured per machine (`codegen/cpu/calibrate.py`) and `explain` shows it.
 """
 
 from __future__ import annotations
@@ -22,11 +21,6 @@ from dataclasses import dataclass
 
 from symfuse.schedule.layout import View, strided_view
 from symfuse.schedule.steps import GemmStep, NativeStep, Schedule, Step
-
-# the host runs the merged kernel up to this many keys, else the three steps, or else torch's
-# fused attention from MERGED_KEYS_LIBRARY up where the row kernel is its form (docs/benchmarks.md)
-MERGED_KEYS = 128
-MERGED_KEYS_LIBRARY = 64
 
 
 @dataclass(frozen=True)
@@ -172,4 +166,4 @@ def merge_attention(sched: Schedule) -> Schedule:
     return sched
 
 
-__all__ = ["MERGED_KEYS", "MERGED_KEYS_LIBRARY", "AttentionStep", "LibraryForm", "library_form", "merge_attention"]
+__all__ = ["AttentionStep", "LibraryForm", "library_form", "merge_attention"]

@@ -1,6 +1,7 @@
 """Building generated C++ into a shared library, cached on disk by content hash.
 
-The key hashes the source, the compiler's version and the flags. An entry is written
+The key hashes the source, the compiler's version and the flags, which name the target's
+ISA (`target.py`), so a cache shared by two machines never gives one the other's code. An entry is written
 atomically (compiled to a temporary name, then renamed) with a sidecar holding the
 library's SHA-256; an entry whose sidecar is missing or does not match is rebuilt, never
 loaded. The library links against the OpenMP runtime already loaded by torch, so the
@@ -16,8 +17,12 @@ import os
 import subprocess
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
 from symfuse.options import Options
+
+if TYPE_CHECKING:
+    from symfuse.codegen.cpu.target import Target
 
 log = logging.getLogger("symfuse")
 
@@ -26,13 +31,25 @@ class BuildError(RuntimeError):
     pass
 
 
+HINT = "backend='reference' runs without a compiler (each op through PyTorch)"
+
+
+def no_compiler(cxx: str, why: str) -> str:
+    return (
+        f"the C++ compiler {cxx!r} (CXX; default g++) cannot be run: {why}. Install g++ or clang++, or set CXX; {HINT}"
+    )
+
+
 @functools.cache
 def compiler_version(cxx: str) -> str:
     try:
         r = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError) as e:
-        raise BuildError(f"the C++ compiler {cxx!r} cannot be run ({e}); set CXX to a working g++ or clang++") from e
-    return r.stdout.splitlines()[0]
+        raise BuildError(no_compiler(cxx, str(e).strip() or type(e).__name__)) from e
+    lines = r.stdout.splitlines()
+    if not lines:
+        raise BuildError(no_compiler(cxx, "`--version` printed nothing"))
+    return lines[0]
 
 
 def _digest(path: str) -> str:
@@ -40,10 +57,12 @@ def _digest(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def build(source: str, opts: Options) -> tuple[str, bool, float]:
-    """Path of the library built from `source`, whether it came from the cache, seconds spent."""
-    flags = list(opts.cxx_flags)
-    key = hashlib.sha256("\0".join([source, compiler_version(opts.cxx), *flags]).encode()).hexdigest()[:24]
+def build(source: str, target: Target, opts: Options) -> tuple[str, bool, float]:
+    """Path of the library built from `source` for `target`, whether it came from the cache,
+    seconds spent."""
+    flags = list(target.all_flags)
+    cxx = target.cxx
+    key = hashlib.sha256("\0".join([source, target.key, compiler_version(cxx), *flags]).encode()).hexdigest()[:24]
     os.makedirs(opts.kernel_cache, exist_ok=True)
     lib = os.path.join(opts.kernel_cache, f"sf_{key}.so")
     stamp = lib + ".sha256"
@@ -57,13 +76,20 @@ def build(source: str, opts: Options) -> tuple[str, bool, float]:
     with os.fdopen(fd, "w") as f:
         f.write(source)
     tmp = src[:-4] + ".so"
-    cmd = [opts.cxx, *flags, "-shared", src, "-o", tmp, "-lmvec"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    os.unlink(src)
+    cmd = [cxx, *flags, "-shared", src, "-o", tmp] + (["-lmvec"] if target.libmvec else [])
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
+        raise BuildError(no_compiler(cxx, str(e))) from e
+    finally:
+        os.unlink(src)
     if r.returncode != 0:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        raise BuildError(f"generated C++ failed to compile ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
+        raise BuildError(
+            f"generated C++ failed to compile with {cxx!r} (CXX) for {target.isa}:\n  {' '.join(cmd)}\n"
+            f"{r.stderr[-4000:]}\nSet CXX to another g++ or clang++, SYMFUSE_ISA to another ISA, or use {HINT}"
+        )
     digest = _digest(tmp)
     os.replace(tmp, lib)
     fd, tmp_stamp = tempfile.mkstemp(dir=opts.kernel_cache)

@@ -1,26 +1,58 @@
 """symfuse's own GEMM for linear layers over few rows, where streaming the weights is the
-cost: all rows pass over each 64-column panel of packed weights while it sits in L2, the
-next panel is prefetched meanwhile, and bias and activation are applied to the tile while
-it is in registers and cache. It wins over oneDNN up to about 48 rows on this kind of CPU
-(docs/gemm.md); the host picks it or oneDNN per call from the row count.
+cost: all rows pass over each panel of packed weights while it sits in L2, the next panel
+is prefetched meanwhile, and bias and activation are applied to the tile while it is in
+registers and cache. The host picks it or oneDNN per call from the row count, at a switch
+point measured on the machine (`calibrate.py`).
+
+The micro-kernel is written once over `sf_vec` (c.py's vector abstraction) and shaped per
+target: a tile of `rows` x `vectors` accumulators plus one register per weight vector and
+one for the broadcast A element must fit in the target's vector registers (AVX-512: 6 x 4
+vectors of 16 floats, a 64-column panel; AVX2: 4 x 3 vectors of 8, a 24-column panel;
+NEON: 6 x 4 vectors of 4; SSE2 and other targets: 4 x 3 vectors of 4). The same tile is
+the merged attention kernel's GEMM.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-PANEL = 64  # output columns per packed weight panel
-MAX_ROWS = 48  # up to this many rows the host calls this kernel, above it oneDNN
+from symfuse.codegen.cpu.target import Target
+
 ACTIVATIONS = {"none": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3, "tanh": 4, "sigmoid": 5, "swish": 6}
 
 
-def pack_panels(w: torch.Tensor) -> torch.Tensor:
-    """Weight [N, K] as panels [ceil(N/64), K, 64], zero-padded: one panel is contiguous."""
+@dataclass(frozen=True)
+class Tile:
+    rows: int  # rows of A per micro-kernel call (MR)
+    vectors: int  # vectors of output columns per row (NV)
+    lanes: int  # floats per vector
+
+    @property
+    def panel(self) -> int:
+        """Output columns per packed weight panel."""
+        return self.vectors * self.lanes
+
+
+def tile_for(target: Target) -> Tile:
+    """The register tile with the most accumulators that fits (rows*vectors accumulators,
+    `vectors` weight vectors, one broadcast); on a tie the wider one, which loads A less."""
+    best = (0, 0, 0)
+    for vectors in (1, 2, 3, 4):
+        rows = min(8, (target.registers - vectors - 1) // vectors)
+        if rows >= 1:
+            best = max(best, (rows * vectors, vectors, rows))
+    return Tile(best[2], best[1], target.lanes)
+
+
+def pack_panels(w: torch.Tensor, panel: int) -> torch.Tensor:
+    """Weight [N, K] as panels [ceil(N/panel), K, panel], zero-padded: one panel is contiguous."""
     n, k = w.shape
-    panels = (n + PANEL - 1) // PANEL
-    padded = torch.zeros(panels * PANEL, k, dtype=w.dtype)
+    panels = (n + panel - 1) // panel
+    padded = torch.zeros(panels * panel, k, dtype=w.dtype)
     padded[:n] = w
-    return padded.view(panels, PANEL, k).transpose(1, 2).contiguous()
+    return padded.view(panels, panel, k).transpose(1, 2).contiguous()
 
 
 def activation_code(postop: tuple[str, str] | None) -> int:
@@ -30,44 +62,57 @@ def activation_code(postop: tuple[str, str] | None) -> int:
     return ACTIVATIONS["gelu_tanh" if attr == "gelu" and algo == "tanh" else attr]
 
 
-SOURCE = r"""
-// ---- sf_linear_rows: C[M, N] = act(A[M, K] W^T + bias) for few rows; W packed [N/64][K][64]
-#include <immintrin.h>
+def gemm_source(tile: Tile) -> str:
+    """The micro-kernel `sf_tile<MR>` and `sf_linear_rows`, for `tile`."""
+    table = ", ".join(f"sf_tile<{m}>" for m in range(1, tile.rows + 1))
+    return _SOURCE.replace("@MR@", str(tile.rows)).replace("@NV@", str(tile.vectors)).replace("@TABLE@", table)
+
+
+_SOURCE = r"""
+// ---- the GEMM micro-kernel: C[MR, nn] = A[MR, K] W (+ bias), W one panel [K][SF_PANEL]
+#define SF_MR @MR@
+#define SF_NV @NV@
+#define SF_PANEL (SF_NV * SF_LANES)
 template <int MR>
 static inline void sf_tile(const float* __restrict__ A, int64_t lda, const float* __restrict__ w,
                            float* __restrict__ C, int64_t ldc, const float* __restrict__ bias, int64_t n0, int64_t nn,
                            int64_t K, const float* __restrict__ pf, int64_t pf_lines) {
-  __m512 acc[MR][4];
+  sf_vec acc[MR][SF_NV];
 #pragma GCC unroll 8
   for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int j = 0; j < SF_NV; ++j) acc[m][j] = sf_splat(0.0f);
+  int64_t pf_due = 0, pf_next = 0;  // a share of the next panel, fetched while this one computes
   for (int64_t k = 0; k < K; ++k) {
-    const __m512 w0 = _mm512_loadu_ps(w + k * 64), w1 = _mm512_loadu_ps(w + k * 64 + 16);
-    const __m512 w2 = _mm512_loadu_ps(w + k * 64 + 32), w3 = _mm512_loadu_ps(w + k * 64 + 48);
-    for (int64_t j = k * pf_lines / K; j < (k + 1) * pf_lines / K; ++j)  // a share of the next panel
-      _mm_prefetch((const char*)(pf + j * 16), _MM_HINT_T1);
+    sf_vec wv[SF_NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < SF_NV; ++j) wv[j] = sf_load(w + k * SF_PANEL + j * SF_LANES);
+    for (pf_due += pf_lines; pf_due >= K; pf_due -= K)  // pf_lines spread evenly over the K steps
+      __builtin_prefetch(pf + 16 * pf_next++, 0, 2);
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) {
-      const __m512 a = _mm512_set1_ps(A[m * lda + k]);
-      acc[m][0] = _mm512_fmadd_ps(a, w0, acc[m][0]);
-      acc[m][1] = _mm512_fmadd_ps(a, w1, acc[m][1]);
-      acc[m][2] = _mm512_fmadd_ps(a, w2, acc[m][2]);
-      acc[m][3] = _mm512_fmadd_ps(a, w3, acc[m][3]);
+      const sf_vec a = sf_splat(A[m * lda + k]);
+#pragma GCC unroll 4
+      for (int j = 0; j < SF_NV; ++j) acc[m][j] = sf_fma(a, wv[j], acc[m][j]);
     }
   }
 #pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) {
-    const int64_t c = n0 + 16 * j, left = nn - 16 * j;
+  for (int j = 0; j < SF_NV; ++j) {
+    const int64_t c = n0 + SF_LANES * j, left = nn - SF_LANES * j;
     if (left <= 0) break;
-    const __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-    const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + c) : _mm512_setzero_ps();
+    if (left >= SF_LANES) {
+      const sf_vec bv = bias ? sf_load(bias + c) : sf_splat(0.0f);
 #pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(C + m * ldc + c, mask, _mm512_add_ps(acc[m][j], bv));
+      for (int m = 0; m < MR; ++m) sf_store(C + m * ldc + c, acc[m][j] + bv);
+    } else {  // the panel's last, partial vector
+      const sf_vec bv = bias ? sf_load_n(bias + c, left) : sf_splat(0.0f);
+      for (int m = 0; m < MR; ++m) sf_store_n(C + m * ldc + c, acc[m][j] + bv, left);
+    }
   }
 }
 typedef void (*sf_tile_fn)(const float*, int64_t, const float*, float*, int64_t, const float*, int64_t, int64_t,
                            int64_t, const float*, int64_t);
-static const sf_tile_fn sf_tiles[6] = {sf_tile<1>, sf_tile<2>, sf_tile<3>, sf_tile<4>, sf_tile<5>, sf_tile<6>};
+static const sf_tile_fn sf_tiles[SF_MR] = {@TABLE@};  // sf_tiles[m - 1]: a tile of m rows
 
 #define SF_ROW_LOOP(expr) \
   { _Pragma("omp simd") for (int64_t j = 0; j < n; ++j) { const float x = row[j]; row[j] = (expr); } }
@@ -83,21 +128,23 @@ static inline void sf_activate(float* __restrict__ row, int64_t n, int64_t act) 
   }
 }
 
+// C[M, N] = act(A[M, K] W^T + bias) for few rows; W packed as panels [N / SF_PANEL][K][SF_PANEL]
 extern "C" void sf_linear_rows(const float* A, int64_t lda, const float* Wp, const float* bias, float* C,
                                int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act) {
-  const int64_t panels = (N + 63) / 64, blocks = (M + 5) / 6;
-  const int64_t share = (4 * K + blocks - 1) / blocks;  // lines of the next panel each row block prefetches
+  const int64_t panels = (N + SF_PANEL - 1) / SF_PANEL, blocks = (M + SF_MR - 1) / SF_MR;
+  const int64_t lines = K * SF_PANEL / 16;  // 64-byte lines in one panel
+  const int64_t share = (lines + blocks - 1) / blocks;  // lines of the next panel each row block prefetches
 #pragma omp parallel for schedule(static) if (panels > 1)
   for (int64_t p = 0; p < panels; ++p) {
-    const int64_t n0 = p * 64, nn = std::min<int64_t>(64, N - n0);
-    const float* w = Wp + p * K * 64;
-    for (int64_t m0 = 0, rb = 0; m0 < M; m0 += 6, ++rb) {
-      const int64_t left = std::max<int64_t>(0, std::min(share, 4 * K - rb * share));
-      const int64_t lines = (blocks > 1 && p + 1 < panels) ? left : 0;
-      sf_tiles[std::min<int64_t>(6, M - m0) - 1](A + m0 * lda, lda, w, C + m0 * ldc, ldc, bias, n0, nn, K,
-                                                  w + K * 64 + rb * share * 16, lines);
+    const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
+    const float* w = Wp + p * K * SF_PANEL;
+    for (int64_t m0 = 0, rb = 0; m0 < M; m0 += SF_MR, ++rb) {
+      const int64_t left = std::max<int64_t>(0, std::min(share, lines - rb * share));
+      const int64_t pf = (blocks > 1 && p + 1 < panels) ? left : 0;
+      sf_tiles[std::min<int64_t>(SF_MR, M - m0) - 1](A + m0 * lda, lda, w, C + m0 * ldc, ldc, bias, n0, nn, K,
+                                                     w + K * SF_PANEL + rb * share * 16, pf);
       if (act)  // the epilogue, on the tile while it is in cache
-        for (int64_t m = m0; m < std::min(M, m0 + 6); ++m) sf_activate(C + m * ldc + n0, nn, act);
+        for (int64_t m = m0; m < std::min(M, m0 + SF_MR); ++m) sf_activate(C + m * ldc + n0, nn, act);
     }
   }
 }

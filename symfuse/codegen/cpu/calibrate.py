@@ -1,0 +1,237 @@
+"""Switch points between kernel versions, measured on the machine that runs them.
+
+The host picks a version per call from a size: symfuse's row GEMM or oneDNN from the rows
+of a linear layer; the merged attention kernel, or torch's fused attention (or the three
+steps) from the number of keys. Where one version overtakes the other depends on the CPU,
+so each switch point is measured the first time a target needs it and cached in the
+machine folder (`~/.cache/symfuse/machine`), one file per target and CPU:
+
+- a linear layer `[K -> N]`: symfuse's row kernel and oneDNN on the same rows, with weights
+  rotated through more memory than the L3 cache when the model's weights do not fit it
+  (they stream from memory when a model runs) and kept hot when they do;
+- attention with head size D: a canonical attention (12 heads, scale, padding mask, safe
+  softmax; and a plain softmax with an additive bias for the row kernels torch's fused
+  attention cannot express) compiled once per target, each version timed at once.
+
+Sizes grow until the second version has won twice in a row; the switch point is the
+largest size up to which the first version won. `Options.thresholds` (or
+`SYMFUSE_THRESHOLDS`) sets a kind by hand, and `explain` says where each value came from.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from symfuse.codegen.cpu.target import Target
+from symfuse.options import THRESHOLD_KINDS, Options
+
+log = logging.getLogger("symfuse")
+
+ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+KEYS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+HEADS = 12
+ANY_HEAD = 64  # the head size measured for attention whose head size is symbolic
+
+
+@dataclass(frozen=True)
+class Threshold:
+    kind: str  # linear_rows | attention_keys | attention_keys_library
+    shape: tuple[int, ...]  # (K, N) of a linear layer; (D,) of attention
+    value: int  # the first version runs up to this size (inclusive)
+    source: str  # where the value came from, for explain
+
+    def describe(self) -> str:
+        if self.kind == "linear_rows":
+            k, n = self.shape
+            what = f"linear {k}->{n}: symfuse's row kernel up to {self.value} rows, oneDNN above"
+        else:
+            other = "torch's fused attention" if self.kind == "attention_keys_library" else "the three steps"
+            what = f"attention, head size {self.shape[0]}: merged kernel up to {self.value} keys, {other} above"
+        return f"{what} ({self.source})"
+
+
+class Calibration:
+    """The switch points of one target on this CPU: read from the cache, else measured."""
+
+    def __init__(self, target: Target, opts: Options) -> None:
+        self.target, self.opts = target, opts
+        self.path = os.path.join(opts.machine_cache, f"thresholds-{target.key}-{target.machine}.json")
+        self.manual = dict(opts.thresholds)
+        self._entries: dict | None = None
+        self._kernels = None
+
+    def get(self, kind: str, shape: tuple[int, ...], streamed: bool = False) -> Threshold:
+        if kind not in THRESHOLD_KINDS:
+            raise ValueError(f"unknown threshold kind {kind!r}")
+        if kind in self.manual:
+            return Threshold(kind, shape, self.manual[kind], "set by hand (thresholds / SYMFUSE_THRESHOLDS)")
+        key = f"{kind} {'x'.join(map(str, shape))}" + (" streamed" if streamed else "")
+        entries = self._load()
+        if key not in entries:
+            log.info("symfuse: measuring the %s switch point on this machine (%s), once", key, self.target.isa)
+            t0 = time.perf_counter()
+            value, timings = self._measure(kind, shape, streamed)
+            entries[key] = {
+                "value": value,
+                "measured": datetime.date.today().isoformat(),
+                "seconds": round(time.perf_counter() - t0, 2),
+                "ms": timings,
+            }
+            self._save(entries)
+        e = entries[key]
+        return Threshold(kind, shape, int(e["value"]), f"measured on this machine {e['measured']}, {self.target.isa}")
+
+    # -- the cache file ------------------------------------------------------------------
+    def _load(self) -> dict:
+        if self._entries is None:
+            self._entries = {}
+            if os.path.exists(self.path):
+                try:
+                    with open(self.path) as f:
+                        self._entries = json.load(f)
+                except (OSError, ValueError):
+                    log.warning("symfuse: ignoring an unreadable calibration file %s", self.path)
+        return self._entries
+
+    def _save(self, entries: dict) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path))
+        with os.fdopen(fd, "w") as f:
+            json.dump(entries, f, indent=1, sort_keys=True)
+        os.replace(tmp, self.path)
+
+    # -- measuring -----------------------------------------------------------------------
+    def _measure(self, kind: str, shape: tuple[int, ...], streamed: bool) -> tuple[int, dict]:
+        if kind == "linear_rows":
+            return _switch_point(ROWS, *self._linear(*shape, streamed))
+        d = shape[0]
+        return _switch_point(KEYS, *self._attention(d, library=kind == "attention_keys_library"))
+
+    def kernels(self):
+        """The canonical attention program for this target (it carries the GEMM kernel too)."""
+        if self._kernels is None:
+            from symfuse.codegen.compile import compile_program
+
+            graph, store = canonical_attention()
+            forced = replace(self.opts, thresholds=tuple((k, 0) for k in THRESHOLD_KINDS), dump_dir="")
+            self._kernels = compile_program(graph, store, forced, target=self.target)
+        return self._kernels
+
+    def _linear(self, k: int, n: int, streamed: bool):
+        from symfuse.codegen.cpu.gemm import pack_panels, tile_for
+
+        rows_fn = self.kernels().program.kernels.sf_linear_rows
+        panel = tile_for(self.target).panel
+        copies = max(1, min(64, (2 * self.target.l3) // (4 * k * n) + 1)) if streamed else 1
+        gen = torch.Generator().manual_seed(0)
+        ws = [torch.randn(n, k, generator=gen) for _ in range(copies)]
+        packed = [pack_panels(w, panel) for w in ws]
+        reordered = [torch.ops.mkldnn._reorder_linear_weight(w) for w in ws]
+        bias = torch.randn(n, generator=gen)
+        linear = torch.ops.mkldnn._linear_pointwise
+        st = {}
+
+        def setup(m: int) -> None:
+            st["a"], st["c"], st["m"], st["i"] = torch.randn(m, k, generator=gen), torch.empty(m, n), m, 0
+
+        def own() -> float:
+            a, c, i, m = st["a"], st["c"], st["i"], st["m"]
+            st["i"] = (i + 1) % copies
+            t0 = time.perf_counter()
+            rows_fn(a.data_ptr(), k, packed[i].data_ptr(), bias.data_ptr(), c.data_ptr(), n, m, n, k, 0)
+            return time.perf_counter() - t0
+
+        def library() -> float:
+            i = st["i"]
+            st["i"] = (i + 1) % copies
+            t0 = time.perf_counter()
+            linear(st["a"], reordered[i], bias, "none", [], "")
+            return time.perf_counter() - t0
+
+        return setup, own, library
+
+    def _attention(self, d: int, library: bool):
+        be = self.kernels()
+        step = next(s for s in be.attention_steps if (s.library is not None) == library)
+        name = be.host_thresholds[step.name]
+        prog = be.program
+        gen = torch.Generator().manual_seed(0)
+        st = {}
+
+        def setup(s: int) -> None:
+            q, k, v = (torch.randn(1, HEADS, s, d, generator=gen) for _ in range(3))
+            mask = torch.ones(1, 1, 1, s, dtype=torch.bool)
+            mask[..., s - s // 4 :] = False  # a padded tail, as a batch of sentences has
+            bias = torch.where(mask, 0.0, -1e4).float()
+            st["inputs"], st["binding"] = [q, k, v, mask, bias], {"B": 1, "H": HEADS, "S": s, "D": d}
+
+        def version(limit: int) -> Callable[[], float]:
+            def run() -> float:  # the attention step's own time, not the rest of the program's
+                prog.set_threshold(name, limit)
+                times, _ = prog.profile(st["inputs"], st["binding"])
+                return sum(t for n, t in times if n == step.name)
+
+            return run
+
+        return setup, version(1 << 30), version(0)
+
+
+def _switch_point(sizes, setup, first, second) -> tuple[int, dict]:
+    """The largest size up to which `first` is no slower than `second` (0 if it loses at once),
+    scanning sizes until `second` has won twice in a row. Each version's time at a size is
+    the best of interleaved calls (at least 3, more while a quarter second lasts)."""
+    value, losses, timings = 0, 0, {}
+    for size in sizes:
+        setup(size)
+        first(), second()  # warm up
+        best = [float("inf"), float("inf")]
+        until, rounds = time.perf_counter() + 0.25, 0
+        while rounds < 3 or (rounds < 20 and time.perf_counter() < until):
+            best = [min(best[0], first()), min(best[1], second())]
+            rounds += 1
+        timings[str(size)] = [round(best[0] * 1e3, 4), round(best[1] * 1e3, 4)]
+        if best[0] <= best[1]:
+            value, losses = size, 0
+        else:
+            losses += 1
+            if losses == 2:
+                break
+    return value, timings
+
+
+def canonical_attention():
+    """Attention over symbolic B, H, S, D twice: scale + padding mask + safe softmax (what
+    torch's fused attention computes) and scale + additive bias + softmax (a row kernel it
+    does not express)."""
+    from symfuse.ir.dtypes import DType
+    from symfuse.shape.infer import GraphBuilder
+
+    b = GraphBuilder("canonical_attention")
+    B, H, S, D = (b.store.declare(n) for n in "BHSD")
+    q, k, v = (b.input(n, (B, H, S, D), DType.float32) for n in "qkv")
+    mask = b.input("mask", (B, 1, 1, S), DType.bool)
+    bias = b.input("bias", (B, 1, 1, S), DType.float32)
+    scale = b.scalar(0.125)
+    outs = []
+    for form in ("library", "rows"):
+        (kt,) = b.add("permute", [k], {"dims": (0, 1, 3, 2)}, name=f"{form}_kt")
+        (scores,) = b.add("matmul", [q, kt], name=f"{form}_scores")
+        (scaled,) = b.add("mul", [scores, scale], name=f"{form}_scaled")
+        if form == "library":
+            (masked,) = b.add("where", [mask, scaled, b.scalar(-float("inf"))], name=f"{form}_masked")
+            (probs,) = b.add("safe_softmax", [masked], {"dim": -1}, name=f"{form}_probs")
+        else:
+            (masked,) = b.add("add", [scaled, bias], name=f"{form}_biased")
+            (probs,) = b.add("softmax", [masked], {"dim": -1}, name=f"{form}_probs")
+        (ctx,) = b.add("matmul", [probs, v], name=f"{form}_context")
+        outs.append(ctx)
+    return b.finish(outs), b.store

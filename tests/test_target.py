@@ -1,0 +1,216 @@
+"""The target: detection from a (faked) probe picks flags and tiles; overrides the CPU
+lacks, unknown ISAs and missing or broken compilers are clear errors; the kernel cache
+keys on the target; switch points are measured once per machine and cached."""
+
+import os
+import stat
+
+import pytest
+import torch
+
+import symfuse
+from symfuse.codegen.cpu import target as tg
+from symfuse.codegen.cpu.build import BuildError, build
+from symfuse.codegen.cpu.calibrate import ROWS, Calibration, _switch_point
+from symfuse.codegen.cpu.gemm import tile_for
+from symfuse.options import Options, parse_thresholds
+
+AVX2 = ("avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "lzcnt", "movbe", "os_avx")
+AVX512 = AVX2 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "os_avx512")
+
+
+def fake_cpu(monkeypatch, arch: str, features, runs=lambda flags: True):
+    """Pretend to be a CPU of `arch` with `features`; `runs(flags)` says whether a program
+    built with those flags builds and runs."""
+    monkeypatch.setattr(tg, "machine_arch", lambda: arch)
+
+    def run(cxx, source, flags):
+        if source is tg._FEATURES_SOURCE:
+            return True, " ".join(f"{f}=1" for f in features)
+        return (True, "3\n") if runs(flags) else (False, "exit status -4 (signal 4)")
+
+    monkeypatch.setattr(tg, "_run_program", run)
+
+
+def test_avx2_only_cpu_gets_x86_64_v3_and_a_tile_for_16_registers(monkeypatch):
+    fake_cpu(monkeypatch, "x86_64", AVX2)
+    t = tg.detect("g++")
+    assert (t.isa, t.flags, t.lanes, t.registers, t.chosen_by) == ("avx2", ("-march=x86-64-v3",), 8, 16, "detected")
+    tile = tile_for(t)
+    assert (tile.rows, tile.vectors, tile.panel) == (4, 3, 24)
+    assert tile.rows * tile.vectors + tile.vectors + 1 <= t.registers
+    assert "-march=native" not in t.all_flags
+
+
+def test_avx512_cpu_gets_x86_64_v4_with_its_extensions(monkeypatch):
+    fake_cpu(monkeypatch, "x86_64", AVX512 + ("avx512_bf16", "avx512_vnni"))
+    t = tg.detect("g++")
+    assert t.isa == "avx512" and t.extensions == ("avx512_bf16", "avx512_vnni")
+    assert t.flags[0] == "-march=x86-64-v4" and "-mavx512bf16" in t.flags and "-mavx512vnni" in t.flags
+    tile = tile_for(t)
+    assert (tile.rows, tile.vectors, tile.panel) == (6, 4, 64)
+    assert "avx512 + avx512_bf16, avx512_vnni" in t.describe()
+
+
+def test_a_compiler_without_x86_64_v4_gets_the_explicit_flags(monkeypatch):
+    fake_cpu(monkeypatch, "x86_64", AVX512, runs=lambda flags: "-march=x86-64-v4" not in flags)
+    t = tg.detect("g++")
+    assert t.isa == "avx512" and "-mavx512f" in t.flags and "-march=x86-64-v4" not in t.flags
+
+
+def test_avx_state_not_enabled_by_the_os_means_generic(monkeypatch):
+    fake_cpu(monkeypatch, "x86_64", tuple(f for f in AVX512 if not f.startswith("os_")))
+    t = tg.detect("g++")
+    assert (t.isa, t.flags, t.lanes) == ("generic", ("-march=x86-64", "-mtune=generic"), 4)
+
+
+def test_an_isa_whose_probe_dies_falls_back_to_the_next(monkeypatch):
+    fake_cpu(monkeypatch, "x86_64", AVX512, runs=lambda flags: not any("512" in f or "v4" in f for f in flags))
+    assert tg.detect("g++").isa == "avx2"
+
+
+def test_aarch64_gets_neon_and_reports_sve(monkeypatch):
+    fake_cpu(monkeypatch, "aarch64", ("asimd", "sve"))
+    t = tg.detect("g++")
+    assert (t.isa, t.flags, t.lanes, t.registers, t.extensions) == ("neon", ("-march=armv8-a",), 4, 32, ("sve",))
+    assert tile_for(t).panel == 16
+    assert not t.libmvec  # glibc's vector math is x86-64 only: no `declare simd` for it
+
+
+def test_other_architectures_get_generic_code_without_flags(monkeypatch):
+    fake_cpu(monkeypatch, "riscv64", ())
+    t = tg.detect("g++")
+    assert (t.isa, t.flags) == ("generic", ())
+
+
+def test_asking_for_an_isa_the_cpu_lacks_is_a_clear_error(monkeypatch):
+    fake_cpu(monkeypatch, "x86_64", AVX2)
+    with pytest.raises(ValueError, match=r"SYMFUSE_ISA=avx512 .*lacks avx512f.*it can run avx2, generic"):
+        tg.detect("g++", "avx512")
+    with pytest.raises(ValueError, match=r"SYMFUSE_ISA=neon .*is x86_64, not aarch64"):
+        tg.detect("g++", "neon")
+    with pytest.raises(ValueError, match=r"'sse9' is not an ISA symfuse knows; choose one of generic, avx2"):
+        tg.detect("g++", "sse9")
+    assert tg.detect("g++", "generic").chosen_by == "SYMFUSE_ISA=generic"
+
+
+def test_an_override_the_compiler_cannot_run_is_a_clear_error(monkeypatch):
+    fake_cpu(monkeypatch, "x86_64", AVX2, runs=lambda flags: not any("avx2" in f or "v3" in f for f in flags))
+    with pytest.raises(ValueError, match="cannot build or run avx2 code here"):
+        tg.detect("g++", "avx2")
+
+
+def test_the_real_override_on_this_machine(monkeypatch):
+    """On this CPU: the detected ISA is the best one it runs; one it cannot run is refused."""
+    feats = tg.read_features("g++")
+    arch = tg.machine_arch()
+    runnable = [s.name for s in tg.ISAS.values() if tg.has_isa(s, arch, feats)]
+    best = tg.detect("g++")
+    assert best.isa == max(runnable, key=lambda n: tg.ISAS[n].rank)
+    lacking = [n for n in tg.ISAS if n not in runnable]
+    for name in lacking:
+        with pytest.raises(ValueError, match=f"SYMFUSE_ISA={name} asks for code this machine cannot run"):
+            tg.detect("g++", name)
+    monkeypatch.setenv("SYMFUSE_ISA", "Generic ")
+    assert Options.from_env().isa == "generic"
+
+
+def test_the_detected_target_is_cached_per_machine(tmp_path, monkeypatch):
+    first = tg.detect("g++", "", str(tmp_path))
+    assert len(list(tmp_path.glob("target-*.json"))) == 1
+
+    def no_probe(*a):
+        raise AssertionError("probed again")
+
+    monkeypatch.setattr(tg, "_probe", no_probe)
+    assert tg.detect("g++", "", str(tmp_path)) == first
+
+
+def test_the_kernel_cache_keys_on_the_target(tmp_path):
+    src = 'extern "C" int sf_answer() { return 42; }\n'
+    opts = Options(cache_dir=str(tmp_path))
+    paths = {build(src, tg.target_for(isa), opts)[0] for isa in ("generic", "avx2", "avx512")}
+    assert len(paths) == 3
+    assert tg.target_for("avx2").key != tg.target_for("generic").key
+
+
+def test_no_compiler_is_a_clear_error_with_the_way_out():
+    with pytest.raises(BuildError, match=r"'/no/such/g\+\+' \(CXX; default g\+\+\) cannot be run.*backend='reference'"):
+        tg.detect("/no/such/g++")
+    model = torch.nn.Linear(4, 3)
+    with pytest.raises(BuildError, match="backend='reference'"):
+        symfuse.compile(model, (torch.randn(2, 4),), cxx="/no/such/g++")
+    ref = symfuse.compile(model, (torch.randn(2, 4),), cxx="/no/such/g++", backend="reference")
+    x = torch.randn(5, 4)
+    assert torch.allclose(ref(x), model(x))
+
+
+def test_a_broken_compiler_names_the_command_and_its_message(tmp_path):
+    cxx = tmp_path / "broken-g++"
+    script = '[ "$1" = --version ] && echo "broken-g++ 1.0" && exit 0\necho "internal error: no" >&2\nexit 1\n'
+    cxx.write_text("#!/bin/sh\n" + script)
+    cxx.chmod(cxx.stat().st_mode | stat.S_IEXEC)
+    with pytest.raises(BuildError, match="could not build and run a probe program: internal error: no"):
+        tg.detect(str(cxx))
+    target = tg.target_for("generic", cxx=str(cxx))
+    with pytest.raises(BuildError, match=r"(?s)failed to compile with .*broken-g\+\+.*-shared.*internal error: no"):
+        build("int x;\n", target, Options(cache_dir=str(tmp_path / "cache")))
+
+
+# -- switch points --------------------------------------------------------------------------
+
+
+def test_switch_point_is_the_last_size_the_first_version_wins():
+    size = {}
+    setup = lambda n: size.update(n=n)
+    first = lambda: size["n"] * 1.0
+    second = lambda: 10.0 + size["n"] * 0.5  # overtakes after 20
+    assert _switch_point(ROWS, setup, first, second)[0] == 16
+    assert _switch_point(ROWS, setup, lambda: 1.0, lambda: 0.5)[0] == 0
+    assert _switch_point(ROWS, setup, lambda: 0.5, lambda: 1.0)[0] == ROWS[-1]
+    # one loss, then wins again: a blip, scanning goes on until two losses in a row
+    table = {1: (1, 2), 2: (2, 1), 4: (1, 2), 8: (1, 2), 12: (2, 1), 16: (2, 1), 24: (1, 2)}
+    value, timings = _switch_point(ROWS, setup, lambda: table[size["n"]][0], lambda: table[size["n"]][1])
+    assert value == 8 and list(timings) == ["1", "2", "4", "8", "12", "16"]
+
+
+def test_switch_points_are_measured_once_and_cached(tmp_path, monkeypatch):
+    target = tg.detect("g++")
+    opts = Options(machine_dir=str(tmp_path))
+    calls = []
+
+    def measure(self, kind, shape, streamed):
+        calls.append((kind, shape, streamed))
+        return 32, {"32": [1.0, 2.0]}
+
+    monkeypatch.setattr(Calibration, "_measure", measure)
+    th = Calibration(target, opts).get("linear_rows", (768, 3072), streamed=True)
+    assert th.value == 32 and "measured on this machine" in th.source
+    assert Calibration(target, opts).get("linear_rows", (768, 3072), streamed=True).value == 32
+    assert calls == [("linear_rows", (768, 3072), True)]
+    assert len(os.listdir(tmp_path)) == 1 and target.key in os.listdir(tmp_path)[0]
+    manual = Calibration(target, Options(machine_dir=str(tmp_path), thresholds=(("linear_rows", 5),)))
+    th = manual.get("linear_rows", (768, 3072))
+    assert th.value == 5 and "set by hand" in th.source and len(calls) == 1
+    assert "symfuse's row kernel up to 5 rows, oneDNN above (set by hand" in th.describe()
+
+
+def test_switch_points_measured_on_this_machine(tmp_path):
+    target = tg.detect("g++")
+    cal = Calibration(target, Options(cache_dir=str(tmp_path / "k"), machine_dir=str(tmp_path / "m")))
+    rows = cal.get("linear_rows", (64, 96))
+    assert rows.value == 0 or rows.value in ROWS
+    keys = cal.get("attention_keys_library", (16,))
+    assert keys.value >= 0 and target.isa in keys.source
+    (path,) = (tmp_path / "m").iterdir()
+    assert "linear_rows 64x96" in path.read_text() and "attention_keys_library 16" in path.read_text()
+
+
+def test_thresholds_by_hand_are_checked():
+    assert parse_thresholds("linear_rows=0, attention_keys=64", "X") == (("linear_rows", 0), ("attention_keys", 64))
+    with pytest.raises(ValueError, match="X: unknown threshold 'rows'"):
+        parse_thresholds("rows=3", "X")
+    with pytest.raises(ValueError, match="X: linear_rows must be a whole number"):
+        parse_thresholds("linear_rows=-1", "X")
+    with pytest.raises(ValueError, match="thresholds: expected kind=rows"):
+        Options.from_env(thresholds="linear_rows")
