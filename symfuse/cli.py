@@ -98,7 +98,7 @@ def cmd_bench(args) -> int:
     out_dir = args.out or os.path.join("symfuse-results", args.model)
     cfg = harness.Config(
         args.model, engines, bindings, rounds=args.rounds, min_reps=args.min_reps, budget_s=args.budget,
-        profile=args.profile, out_dir=out_dir,
+        profile=args.profile, out_dir=out_dir, isa=args.isa,
     )  # fmt: skip
     tty = sys.stderr.isatty()
 
@@ -155,6 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--budget", type=float, default=0.5, help="seconds of timed runs per shape and round")
     b.add_argument(
         "--profile", action="store_true", help="also time each kind of symfuse step against the physical limits"
+    )
+    b.add_argument(
+        "--isa",
+        default="",
+        help="symfuse's ISA (generic, avx2, avx512, neon); its oneDNN and ATen calls are held to it too, "
+        "the peers keep the machine's best",
     )
     b.add_argument("--out", help="results folder (default symfuse-results/MODEL)")
     b.set_defaults(fn=cmd_bench)

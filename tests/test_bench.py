@@ -63,8 +63,10 @@ class FakeWorker:
         self.closed = True
 
 
-def fake_launcher(log, workers):
-    def launch(engine, model, log_path):
+def fake_launcher(log, workers, envs=None):
+    def launch(engine, model, log_path, env):
+        if envs is not None:
+            envs[engine] = env
         if engine == "openvino":
             return None, {"status": "missing", "detail": "not installed: openvino (pip install .[bench])"}
         if engine == "onnxruntime":
@@ -119,6 +121,16 @@ def test_run_reports_missing_and_failing_engines_and_rotates(tmp_path):
     assert json.load(open(paths["json"]))["engines"]["symfuse"]["status"] == "ok"
     assert "| B=1, S=16 | 2.00 (0.50x) | 4.00 (1.00x) |" in open(paths["markdown"]).read()
     assert os.path.getsize(paths["plot"]) > 1000
+
+
+def test_isa_holds_symfuse_and_its_libraries_to_it_and_leaves_the_peers(tmp_path):
+    envs = {}
+    cfg = Config("bert-small", ["symfuse", "eager"], [dict(B=1, S=16)], rounds=1, out_dir=str(tmp_path), isa="avx2")
+    harness.run(cfg, launch=fake_launcher([], [], envs))
+    assert envs["symfuse"]["SYMFUSE_ISA"] == "avx2" and envs["symfuse"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert envs["eager"] == {}
+    with pytest.raises(ValueError, match="--isa 'sse9'"):
+        harness.symfuse_env("sse9")
 
 
 def test_a_worker_that_dies_is_a_failure_not_a_crash(tmp_path):

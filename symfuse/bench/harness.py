@@ -70,9 +70,9 @@ class Worker(Protocol):
 class ProcessWorker:
     """A worker process speaking JSON lines; its stderr goes to a log file."""
 
-    def __init__(self, config: dict, log_path: str) -> None:
+    def __init__(self, config: dict, log_path: str, env: dict[str, str] | None = None) -> None:
         self.log = open(log_path, "a")  # noqa: SIM115 - closed in close()
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "symfuse.bench.worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
@@ -110,9 +110,27 @@ class ProcessWorker:
         self.log.close()
 
 
-def launch_process(engine: str, model: str, log_path: str) -> tuple[Worker, dict]:
-    w = ProcessWorker({"engine": engine, "model": model}, log_path)
+def launch_process(engine: str, model: str, log_path: str, env: dict[str, str] | None = None) -> tuple[Worker, dict]:
+    w = ProcessWorker({"engine": engine, "model": model}, log_path, env)
     return w, w.first
+
+
+# `--isa`: symfuse's worker builds its code for that ISA and holds the libraries it calls
+# (oneDNN, ATen's kernels, MKL) to the same instructions; the peers keep the machine's best
+ISA_ENV = {
+    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "generic": {"ONEDNN_MAX_CPU_ISA": "SSE41", "ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+    "avx512": {},
+    "neon": {},
+}
+
+
+def symfuse_env(isa: str) -> dict[str, str]:
+    if not isa:
+        return {}
+    if isa not in ISA_ENV:
+        raise ValueError(f"--isa {isa!r}: symfuse has {', '.join(ISA_ENV)}")
+    return {"SYMFUSE_ISA": isa, **ISA_ENV[isa]}
 
 
 def measure_physics(log_path: str) -> dict:
@@ -134,6 +152,7 @@ class Config:
     budget_s: float = 0.5
     profile: bool = False
     out_dir: str = "symfuse-results"
+    isa: str = ""  # symfuse's ISA (and its libraries'), "" for the machine's best
 
 
 @dataclass
@@ -194,7 +213,8 @@ def run(
         for n in cfg.engines:
             progress(f"preparing {n}")
             try:
-                w, first = launch(n, cfg.model, os.path.join(logs, f"{n}.log"))
+                env = symfuse_env(cfg.isa) if n == "symfuse" else {}
+                w, first = launch(n, cfg.model, os.path.join(logs, f"{n}.log"), env)
             except Exception as e:  # noqa: BLE001 - a peer that cannot start is reported
                 first, w = {"status": "failed", "detail": f"{type(e).__name__}: {e}"}, None
             r = results[n]
