@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -34,6 +35,8 @@ def cmd_demo(args) -> int:
     compile_s = time.perf_counter() - t0
     print(f"compiled once in {compile_s:.2f}s: {len(compiled.graph.nodes)} ops, symbols {compiled.symbols}")
     print(f"backend: {compiled.backend}")
+    if compiled.native is not None:
+        print(f"target: {compiled.native.target.describe()}")
     print(
         f"{len(compiled.store.checks())} shape facts are checked on every call; "
         f"`symfuse explain --model {case.name}` lists them\n"
@@ -168,9 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     m.set_defaults(fn=cmd_models)
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    log = logging.getLogger("symfuse")  # progress on long work (capture, measuring switch points) to stderr
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    from symfuse.codegen.cpu.build import BuildError
+
     try:
         return args.fn(args)
-    except (ValueError, NotImplementedError) as err:
+    except (ValueError, NotImplementedError, BuildError) as err:
         print(f"symfuse: error: {err}", file=sys.stderr)
         return 2
 

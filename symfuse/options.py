@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 # thresholds between kernel versions that can be set by hand (else measured per machine)
 THRESHOLD_KINDS = ("linear_rows", "attention_keys", "attention_keys_library")
+LIBRARY_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,9 @@ class Options:
     isa: str = ""  # "" detects the best this machine runs; generic | avx2 | avx512 | neon asks for one
     machine_dir: str = ""  # the detected target and measured thresholds; "" means the default
     thresholds: tuple[tuple[str, int], ...] = ()  # (kind, value): set a version switch point by hand
+    # the libraries' own ISA limits (oneDNN, ATen, MKL) where set: switch points measured against
+    # a library held to AVX2 do not hold for the same library at full speed
+    library_limits: tuple[tuple[str, str], ...] = ()
 
     @staticmethod
     def from_env(**overrides) -> Options:
@@ -28,6 +32,7 @@ class Options:
             "isa": os.environ.get("SYMFUSE_ISA", "").strip().lower(),
             "machine_dir": os.environ.get("SYMFUSE_MACHINE_DIR", ""),
             "thresholds": parse_thresholds(os.environ.get("SYMFUSE_THRESHOLDS", ""), "SYMFUSE_THRESHOLDS"),
+            "library_limits": tuple((v, os.environ[v]) for v in LIBRARY_LIMITS if os.environ.get(v)),
         }
         given = {k: v for k, v in overrides.items() if v is not None}
         if isinstance(given.get("thresholds"), (dict, str)):

@@ -24,6 +24,8 @@ import datetime
 import json
 import logging
 import os
+import re
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -64,7 +66,8 @@ class Calibration:
 
     def __init__(self, target: Target, opts: Options) -> None:
         self.target, self.opts = target, opts
-        self.path = os.path.join(opts.machine_cache, f"thresholds-{target.key}-{target.machine}.json")
+        limits = "".join("-" + re.sub(r"[^a-z0-9_]", "", v.lower()) for _, v in opts.library_limits)  # oneDNN at AVX2
+        self.path = os.path.join(opts.machine_cache, f"thresholds-{target.key}-{target.machine}{limits}.json")
         self.manual = dict(opts.thresholds)
         self._entries: dict | None = None
         self._kernels = None
@@ -112,9 +115,13 @@ class Calibration:
     # -- measuring -----------------------------------------------------------------------
     def _measure(self, kind: str, shape: tuple[int, ...], streamed: bool) -> tuple[int, dict]:
         if kind == "linear_rows":
-            return _switch_point(ROWS, *self._linear(*shape, streamed))
-        d = shape[0]
-        return _switch_point(KEYS, *self._attention(d, library=kind == "attention_keys_library"))
+            # in a model, the layers between two uses of a weight take the caches: so here, on
+            # every core, a pass over twice its L2 before each timed call (back to back, the
+            # libraries' lead at 64 rows of a 256->768 layer was one the model reversed)
+            scratch = torch.zeros(2 * self.target.l2 * self.target.cores // 4)
+            return _switch_point(ROWS, *self._linear(*shape, streamed), lambda: scratch.add_(1.0))
+        # attention's inputs come hot from the GEMM before it, as back to back here
+        return _switch_point(KEYS, *self._attention(shape[0], library=kind == "attention_keys_library"))
 
     def kernels(self):
         """The canonical attention program for this target (it carries the GEMM kernel too)."""
@@ -185,21 +192,26 @@ class Calibration:
         return setup, version(1 << 30), version(0)
 
 
-def _switch_point(sizes, setup, first, second) -> tuple[int, dict]:
+def _switch_point(sizes, setup, first, second, between=lambda: None) -> tuple[int, dict]:
     """The largest size up to which `first` is no slower than `second` (0 if it loses at once),
-    scanning sizes until `second` has won twice in a row. Each version's time at a size is
-    the best of interleaved calls (at least 3, more while a quarter second lasts)."""
+    scanning sizes until `second` has won twice in a row. At each size the two versions run
+    in pairs, `between()` before each call, at least 5 pairs and more while a third of a
+    second lasts; the verdict is the median of the pairs' time ratios, so a slow spell of the
+    machine, which slows both calls of a pair, does not decide it."""
     value, losses, timings = 0, 0, {}
     for size in sizes:
         setup(size)
         first(), second()  # warm up
-        best = [float("inf"), float("inf")]
-        until, rounds = time.perf_counter() + 0.25, 0
-        while rounds < 3 or (rounds < 20 and time.perf_counter() < until):
-            best = [min(best[0], first()), min(best[1], second())]
-            rounds += 1
-        timings[str(size)] = [round(best[0] * 1e3, 4), round(best[1] * 1e3, 4)]
-        if best[0] <= best[1]:
+        pairs: list[tuple[float, float]] = []
+        until = time.perf_counter() + 0.33
+        while len(pairs) < 5 or (len(pairs) < 40 and time.perf_counter() < until):
+            between()
+            a = first()
+            between()
+            pairs.append((a, second()))
+        ratio = statistics.median(a / b for a, b in pairs)
+        timings[str(size)] = [round(statistics.median(p[j] for p in pairs) * 1e3, 4) for j in (0, 1)]
+        if ratio <= 1.0:
             value, losses = size, 0
         else:
             losses += 1
