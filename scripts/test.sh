@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
-# the aarch64 kernel tests cross-compile and run under qemu-user (tests/test_cross.py)
+# the aarch64 kernel tests cross-compile and run under qemu-user (tests/test_emulated.py)
 if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "installing g++-aarch64-linux-gnu and qemu-user for the aarch64 kernel tests"

@@ -101,7 +101,7 @@ def cmd_bench(args) -> int:
     out_dir = args.out or os.path.join("symfuse-results", args.model)
     cfg = harness.Config(
         args.model, engines, bindings, rounds=args.rounds, min_reps=args.min_reps, budget_s=args.budget,
-        profile=args.profile, out_dir=out_dir, isa=args.isa,
+        profile=args.profile, out_dir=out_dir, isa=args.isa, hold_peers=args.hold_peers,
     )  # fmt: skip
     tty = sys.stderr.isatty()
 
@@ -164,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="symfuse's ISA (generic, avx2, avx512, neon); its oneDNN and ATen calls are held to it too, "
         "the peers keep the machine's best",
+    )
+    b.add_argument(
+        "--hold-peers",
+        action="store_true",
+        help="with --isa: hold the peers' libraries to that ISA too, where they have a control for it "
+        "(torch's engines; OpenVINO's oneDNN; not onnxruntime)",
     )
     b.add_argument("--out", help="results folder (default symfuse-results/MODEL)")
     b.set_defaults(fn=cmd_bench)

@@ -130,7 +130,16 @@ def test_isa_holds_symfuse_and_its_libraries_to_it_and_leaves_the_peers(tmp_path
     assert envs["symfuse"]["SYMFUSE_ISA"] == "avx2" and envs["symfuse"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
     assert envs["eager"] == {}
     with pytest.raises(ValueError, match="--isa 'sse9'"):
-        harness.symfuse_env("sse9")
+        harness.engine_env("symfuse", "sse9")
+
+
+def test_hold_peers_holds_the_peers_libraries_but_builds_only_symfuse_for_the_isa(tmp_path):
+    envs = {}
+    b = [dict(B=1, S=16)]
+    cfg = Config("bert-small", ["symfuse", "eager"], b, 1, out_dir=str(tmp_path), isa="avx2", hold_peers=True)
+    harness.run(cfg, launch=fake_launcher([], [], envs))
+    assert envs["eager"]["ATEN_CPU_CAPABILITY"] == "avx2" and "SYMFUSE_ISA" not in envs["eager"]
+    assert envs["symfuse"]["SYMFUSE_ISA"] == "avx2"
 
 
 def test_a_worker_that_dies_is_a_failure_not_a_crash(tmp_path):

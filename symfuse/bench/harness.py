@@ -117,6 +117,8 @@ def launch_process(engine: str, model: str, log_path: str, env: dict[str, str] |
 
 # `--isa`: symfuse's worker builds its code for that ISA and holds the libraries it calls
 # (oneDNN, ATen's kernels, MKL) to the same instructions; the peers keep the machine's best
+# unless `--hold-peers` holds their libraries too, where they read these variables (torch's
+# engines all do; OpenVINO's oneDNN reads ONEDNN_MAX_CPU_ISA; onnxruntime has no such control)
 ISA_ENV = {
     "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
     "generic": {"ONEDNN_MAX_CPU_ISA": "SSE41", "ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
@@ -125,12 +127,15 @@ ISA_ENV = {
 }
 
 
-def symfuse_env(isa: str) -> dict[str, str]:
+def engine_env(engine: str, isa: str, hold_peers: bool = False) -> dict[str, str]:
+    """The environment an engine's worker starts with under `--isa` (and `--hold-peers`)."""
     if not isa:
         return {}
     if isa not in ISA_ENV:
         raise ValueError(f"--isa {isa!r}: symfuse has {', '.join(ISA_ENV)}")
-    return {"SYMFUSE_ISA": isa, **ISA_ENV[isa]}
+    if engine == "symfuse":
+        return {"SYMFUSE_ISA": isa, **ISA_ENV[isa]}
+    return dict(ISA_ENV[isa]) if hold_peers else {}
 
 
 def measure_physics(log_path: str) -> dict:
@@ -153,6 +158,7 @@ class Config:
     profile: bool = False
     out_dir: str = "symfuse-results"
     isa: str = ""  # symfuse's ISA (and its libraries'), "" for the machine's best
+    hold_peers: bool = False  # hold the peers' libraries to `isa` too
 
 
 @dataclass
@@ -213,7 +219,7 @@ def run(
         for n in cfg.engines:
             progress(f"preparing {n}")
             try:
-                env = symfuse_env(cfg.isa) if n == "symfuse" else {}
+                env = engine_env(n, cfg.isa, cfg.hold_peers)
                 w, first = launch(n, cfg.model, os.path.join(logs, f"{n}.log"), env)
             except Exception as e:  # noqa: BLE001 - a peer that cannot start is reported
                 first, w = {"status": "failed", "detail": f"{type(e).__name__}: {e}"}, None

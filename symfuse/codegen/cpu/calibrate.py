@@ -4,7 +4,8 @@ The host picks a version per call from a size: symfuse's row GEMM or oneDNN from
 of a linear layer; the merged attention kernel, or torch's fused attention (or the three
 steps) from the number of keys. Where one version overtakes the other depends on the CPU,
 so each switch point is measured the first time a target needs it and cached in the
-machine folder (`~/.cache/symfuse/machine`), one file per target and CPU:
+machine folder (`~/.cache/symfuse/machine`), one file per target, CPU and version of the
+kernels:
 
 - a linear layer `[K -> N]`: symfuse's row kernel and oneDNN on the same rows, with weights
   rotated through more memory than the L3 cache when the model's weights do not fit it
@@ -21,6 +22,7 @@ largest size up to which the first version won. `Options.thresholds` (or
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import logging
 import os
@@ -66,11 +68,24 @@ class Calibration:
 
     def __init__(self, target: Target, opts: Options) -> None:
         self.target, self.opts = target, opts
-        limits = "".join("-" + re.sub(r"[^a-z0-9_]", "", v.lower()) for _, v in opts.library_limits)  # oneDNN at AVX2
-        self.path = os.path.join(opts.machine_cache, f"thresholds-{target.key}-{target.machine}{limits}.json")
         self.manual = dict(opts.thresholds)
         self._entries: dict | None = None
         self._kernels = None
+        self._path = ""
+
+    @property
+    def path(self) -> str:
+        """One file per target, CPU, library limits and version of the kernels measured: a
+        change to symfuse's kernels (a new tile, say) measures again."""
+        if not self._path:
+            from symfuse.codegen.compile import generate
+
+            source = generate(*canonical_attention(), self.target).source
+            kernels = hashlib.sha256(source.encode()).hexdigest()[:8]
+            limits = "".join("-" + re.sub(r"[^a-z0-9_]", "", v.lower()) for _, v in self.opts.library_limits)
+            name = f"thresholds-{self.target.key}-{self.target.machine}-{kernels}{limits}.json"
+            self._path = os.path.join(self.opts.machine_cache, name)
+        return self._path
 
     def get(self, kind: str, shape: tuple[int, ...], streamed: bool = False) -> Threshold:
         if kind not in THRESHOLD_KINDS:

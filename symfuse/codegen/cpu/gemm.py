@@ -7,7 +7,7 @@ point measured on the machine (`calibrate.py`).
 The micro-kernel is written once over `sf_vec` (c.py's vector abstraction) and shaped per
 target: a tile of `rows` x `vectors` accumulators plus one register per weight vector and
 one for the broadcast A element must fit in the target's vector registers (AVX-512: 6 x 4
-vectors of 16 floats, a 64-column panel; AVX2: 4 x 3 vectors of 8, a 24-column panel;
+vectors of 16 floats, a 64-column panel; AVX2: 6 x 2 vectors of 8, a 16-column panel;
 NEON: 6 x 4 vectors of 4; SSE2 and other targets: 4 x 3 vectors of 4). The same tile is
 the merged attention kernel's GEMM.
 """
@@ -37,13 +37,16 @@ class Tile:
 
 def tile_for(target: Target) -> Tile:
     """The register tile with the most accumulators that fits (rows*vectors accumulators,
-    `vectors` weight vectors, one broadcast); on a tie the wider one, which loads A less."""
-    best = (0, 0, 0)
+    `vectors` weight vectors, one broadcast). On a tie, the one whose panel row is whole
+    cache lines (AVX2: 6x2, 64 bytes a step, over 4x3's 96 bytes, which loads A less but
+    measured 0-25% slower on BERT's layers, `docs/gemm.md`), then the wider one."""
+    best = (0, 0, 0, 0)
     for vectors in (1, 2, 3, 4):
         rows = min(8, (target.registers - vectors - 1) // vectors)
+        whole_lines = (vectors * target.vector_bytes) % 64 == 0
         if rows >= 1:
-            best = max(best, (rows * vectors, vectors, rows))
-    return Tile(best[2], best[1], target.lanes)
+            best = max(best, (rows * vectors, whole_lines, vectors, rows))
+    return Tile(best[3], best[2], target.lanes)
 
 
 def pack_panels(w: torch.Tensor, panel: int) -> torch.Tensor:
