@@ -1,8 +1,18 @@
 """symfuse: compile a model once with symbolic shapes, run every shape."""
 
 from symfuse.api import CompiledModule, compile, compile_count
+from symfuse.artifact import ArtifactError, load
 from symfuse.errors import UnsupportedOpsError
 from symfuse.shape.store import ShapeError, Tri
 
-__all__ = ["CompiledModule", "ShapeError", "Tri", "UnsupportedOpsError", "compile", "compile_count"]
+__all__ = [
+    "ArtifactError",
+    "CompiledModule",
+    "ShapeError",
+    "Tri",
+    "UnsupportedOpsError",
+    "compile",
+    "compile_count",
+    "load",
+]
 __version__ = "0.1.0"

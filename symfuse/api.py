@@ -14,7 +14,7 @@ from symfuse.ir.verify import verify
 from symfuse.options import Options
 from symfuse.passes import PIPELINE
 from symfuse.reference import ReferenceExecutor
-from symfuse.runtime.guard import make_guard
+from symfuse.runtime.guard import GuardSpec, make_guard
 from symfuse.shape.guards import guard_spec
 
 log = logging.getLogger("symfuse")
@@ -32,16 +32,20 @@ def compile_count() -> int:
 class CompiledModule:
     """A model compiled once for every binding of its symbolic dims."""
 
-    def __init__(self, captured: Captured, options: Options) -> None:
+    def __init__(self, captured: Captured, options: Options, native=None, guard: GuardSpec | None = None) -> None:
         self.captured = captured
         self.graph = captured.graph
         self.store = captured.store
         self.options = options
-        self.guard = make_guard(guard_spec(captured.declared, captured.store))
+        self.guard_spec = guard or guard_spec(captured.declared, captured.store)
+        self.guard = make_guard(self.guard_spec)
         self._reference = ReferenceExecutor(captured.graph)
         self._tensor_names = [v.name for v in captured.declared]
-        self.native = None
-        if options.backend == "reference":
+        self.native = native
+        if native is not None:  # loaded from an artifact
+            self.backend = CPU_BACKEND
+            self._run = native.program
+        elif options.backend == "reference":
             self.backend = REFERENCE_BACKEND
             self._run = self._reference.run
         elif options.backend == "cpu":
@@ -106,6 +110,13 @@ class CompiledModule:
             with_te=with_te,
             native=self.native,
         )
+
+    def save(self, path: str) -> str:
+        """Write this module to the folder `path`; `symfuse.load(path)` runs it in any process,
+        without the model's code (`symfuse.artifact`)."""
+        from symfuse.artifact import save
+
+        return save(self, path)
 
     def __repr__(self) -> str:
         return f"<symfuse.CompiledModule {self.graph.name} symbols={self.symbols} backend='{self.backend}'>"

@@ -1,4 +1,4 @@
-"""The `symfuse` command: `demo`, `explain` and `models`."""
+"""The `symfuse` command: demo, explain, bench, compile, run, cache and models."""
 
 from __future__ import annotations
 
@@ -84,6 +84,78 @@ def cmd_explain(args) -> int:
     case = load(args.model)
     compiled = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic)
     print(compiled.explain(with_graph=not args.no_graph, with_te=args.te))
+    return 0
+
+
+def cmd_compile(args) -> int:
+    import symfuse
+    from symfuse.models import load
+
+    case = load(args.model)
+    t0 = time.perf_counter()
+    compiled = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic)
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    compiled.save(args.out)
+    print(f"compiled {case.name} in {compile_s:.2f}s and saved it to {args.out} in {time.perf_counter() - t0:.2f}s")
+    print(f"target: {compiled.native.target.describe()}")
+    print(f"run it: symfuse run {args.out} --shape " + ",".join(f"{k}={v}" for k, v in case.example.items()))
+    return 0
+
+
+def _random_inputs(spec, binding: dict[str, int]) -> list[torch.Tensor]:
+    """Inputs for a saved module at `binding`: floats from a normal distribution, integers 0
+    or 1 (valid as token ids, types and masks alike), booleans true."""
+    out = []
+    for inp in spec.inputs:
+        missing = [d for d in inp.dims if isinstance(d, str) and d not in binding]
+        if missing:
+            raise ValueError(f"--shape must give {', '.join(missing)} (input '{inp.name}' has dims {inp.dims})")
+        shape = [d if isinstance(d, int) else binding[d] for d in inp.dims]
+        if inp.dtype.is_floating_point:
+            out.append(torch.randn(shape, dtype=inp.dtype))
+        elif inp.dtype == torch.bool:
+            out.append(torch.ones(shape, dtype=torch.bool))
+        else:
+            out.append(torch.randint(0, 2, shape, dtype=inp.dtype))
+    return out
+
+
+def cmd_run(args) -> int:
+    import symfuse
+    from symfuse.bench import harness
+
+    t0 = time.perf_counter()
+    module = symfuse.load(args.artifact)
+    print(f"loaded {module.graph.name} from {args.artifact} in {time.perf_counter() - t0:.2f}s")
+    print(f"target: {module.native.target.describe()}")
+    spec = module.guard_spec
+    print("inputs: " + ", ".join(f"{i.name} {str(i.dtype).replace('torch.', '')}{list(i.dims)}" for i in spec.inputs))
+    shapes = args.shape or []
+    if not shapes:
+        print("give --shape SYMBOL=VALUE,... to run it, e.g. --shape " + ",".join(f"{s}=8" for s in module.symbols))
+        return 0
+    print(f"\n{'binding':<28}{'median ms':>10}  outputs")
+    for text in shapes:
+        try:
+            binding = {k.strip(): int(v) for k, v in (p.split("=", 1) for p in text.split(",") if p.strip())}
+        except ValueError:
+            raise ValueError(f"--shape {text!r}: expected SYMBOL=INT,..., e.g. B=1,S=16") from None
+        inputs = _random_inputs(spec, binding)
+        outs = module(*inputs)
+        ms = harness.median(_times_ms(lambda inputs=inputs: module(*inputs), args.reps))
+        flat = [o for o in torch.utils._pytree.tree_leaves(outs) if isinstance(o, torch.Tensor)]
+        shown = ", ".join(str(tuple(o.shape)) for o in flat)
+        print(f"{harness.key(binding):<28}{ms:>10.2f}  {shown}")
+    return 0
+
+
+def cmd_cache(args) -> int:
+    from symfuse import cache
+    from symfuse.options import Options
+
+    opts = Options.from_env()
+    print(cache.info(opts) if args.action == "info" else cache.clear(opts, machine=args.all))
     return 0
 
 
@@ -173,6 +245,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     b.add_argument("--out", help="results folder (default symfuse-results/MODEL)")
     b.set_defaults(fn=cmd_bench)
+    c = sub.add_parser("compile", help="compile a built-in model and save it as an artifact folder")
+    c.add_argument("--model", default="bert-small")
+    c.add_argument("-o", "--out", required=True, help="the artifact folder to write")
+    c.set_defaults(fn=cmd_compile)
+    r = sub.add_parser("run", help="load a saved artifact and run it on random inputs at given shapes")
+    r.add_argument("artifact", help="a folder written by `symfuse compile` or CompiledModule.save")
+    r.add_argument("--shape", action="append", help="SYMBOL=VALUE,... (repeatable), e.g. --shape B=1,S=16")
+    r.add_argument("--reps", type=int, default=5, help="timed repetitions per shape (median is shown)")
+    r.set_defaults(fn=cmd_run)
+    k = sub.add_parser("cache", help="where the kernel cache and machine measurements are; clear them")
+    k.add_argument("action", choices=("info", "clear"))
+    k.add_argument("--all", action="store_true", help="clear: also the detected targets and switch points")
+    k.set_defaults(fn=cmd_cache)
     m = sub.add_parser("models", help="list the built-in models")
     m.set_defaults(fn=cmd_models)
     args = p.parse_args(argv)
@@ -187,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.fn(args)
-    except (ValueError, NotImplementedError, BuildError) as err:
+    except (ValueError, NotImplementedError, BuildError) as err:  # ArtifactError is a ValueError
         print(f"symfuse: error: {err}", file=sys.stderr)
         return 2
 

@@ -205,5 +205,6 @@ def _steps_section(native) -> list[str]:
     out += [f"  note: {n}" for n in native.schedule.notes]
     if fallbacks:
         out.append(f"run through torch inside the compiled program: {', '.join(sorted(set(fallbacks)))}")
-    out.append("compile time: " + ", ".join(f"{k} {v:.2f}s" for k, v in native.seconds.items()))
+    what = f"load time ({native.artifact})" if native.artifact else "compile time"
+    out.append(f"{what}: " + ", ".join(f"{k} {v:.2f}s" for k, v in native.seconds.items()))
     return out

@@ -10,7 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import torch
 
 from symfuse.codegen.cpu.attention import emit_attention
 from symfuse.codegen.cpu.build import build
@@ -19,11 +22,11 @@ from symfuse.codegen.cpu.calibrate import Calibration, Threshold
 from symfuse.codegen.cpu.gemm import Tile, gemm_source, pack_panels, tile_for
 from symfuse.codegen.cpu.kernel import KernelSource, emit_kernel
 from symfuse.codegen.cpu.target import Target, detect
-from symfuse.codegen.host import HostCode, generate_host
+from symfuse.codegen.host import HostCode, generate_host, opaque_functions
 from symfuse.fusion.plan import Plan, plan
 from symfuse.ir.graph import Graph, print_graph
 from symfuse.options import Options
-from symfuse.runtime.program import Program, reorder_weight
+from symfuse.runtime.program import OneDNNWeights, Program
 from symfuse.schedule.attention import AttentionStep, merge_attention
 from symfuse.schedule.steps import GemmStep, NativeStep, Schedule
 from symfuse.schedule.steps import build as build_schedule
@@ -36,16 +39,35 @@ log = logging.getLogger("symfuse")
 
 @dataclass
 class Backend:
+    """A runnable program and what it came from. A program loaded from an artifact makes the
+    stages before it (TEs, plan, schedule, kernel sources) again only when asked (`explain`)."""
+
     program: Program
-    te: TEProgram
-    plan: Plan
-    schedule: Schedule
-    kernels: dict[str, KernelSource]
-    cached: bool
     target: Target
     thresholds: dict[str, Threshold]  # namespace name -> its value and where it came from
-    host_thresholds: dict[str, str]  # step -> the threshold it reads
+    host: HostCode
+    gathers: list[str]
+    tile: Tile
+    cached: bool
     seconds: dict[str, float] = field(default_factory=dict)
+    generated: Generated | None = None
+    regenerate: Callable[[], Generated] | None = None
+    artifact: str = ""  # the folder it was loaded from, if it was
+
+    @property
+    def gen(self) -> Generated:
+        if self.generated is None:
+            self.generated = self.regenerate()
+        return self.generated
+
+    te = property(lambda self: self.gen.te)
+    plan = property(lambda self: self.gen.plan)
+    schedule = property(lambda self: self.gen.schedule)
+    kernels = property(lambda self: self.gen.kernels)
+
+    @property
+    def host_thresholds(self) -> dict[str, str]:  # step -> the threshold it reads
+        return self.host.step_thresholds
 
     @property
     def attention_steps(self) -> list[AttentionStep]:
@@ -82,6 +104,15 @@ class Generated:
     source: str
     tile: Tile
     symbols: list[str]  # the order of `sym[]`, the sizes every kernel reads
+
+    def step(self, name: str) -> NativeStep:
+        """A native step by name, the parts of merged attention included."""
+        for st in self.schedule.steps:
+            parts = (st.scores, st.softmax, st.context) if isinstance(st, AttentionStep) else ()
+            for s in (st, *parts):
+                if s.name == name:
+                    return s
+        raise KeyError(name)
 
 
 def generate(graph: Graph, store: ShapeStore, target: Target) -> Generated:
@@ -131,27 +162,40 @@ def compile_program(graph: Graph, store: ShapeStore, opts: Options, target: Targ
     t["build (cache hit)" if cached else "build (g++)"] = secs
     t0 = time.perf_counter()
     consts = {v.name: tensor for v, tensor in graph.constants.items()}
+    panels = {k: pack_panels(consts[v], gen.tile.panel) for k, v in host.panels.items()}
+    t["load"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    linear_bytes = sum(p.numel() * 4 for p in panels.values())
+    thresholds = switch_points(host.thresholds, target, opts, linear_bytes)
+    t["switch points"] = time.perf_counter() - t0
+    program = link(host, library, len(store.symbols), consts, panels, gen.gathers, thresholds, gen.step)
+    if opts.dump_dir:
+        _dump(opts.dump_dir, graph, gen.te, gen.plan, gen.schedule, gen.source, host.source)
+    return Backend(program, target, thresholds, host, gen.gathers, gen.tile, cached, t, gen)
+
+
+def link(
+    host: HostCode,
+    library: str,
+    n_symbols: int,
+    consts: dict[str, torch.Tensor],
+    panels: dict[str, torch.Tensor],
+    gathers: list[str],
+    thresholds: dict[str, Threshold],
+    step: Callable[[str], NativeStep],
+) -> Program:
+    """Put a built library, its host code and the tensors it reads together: constants by value
+    name, the row kernel's packed panels; oneDNN's copies are made at first use."""
     tensors = {k: consts[v].contiguous() for k, v in host.constants.items()}
-    tensors.update({k: reorder_weight(consts[v]) for k, v in host.packed.items()})
-    tensors.update({k: pack_panels(consts[v], gen.tile.panel) for k, v in host.panels.items()})
-    gathers = gen.gathers
+    tensors.update(panels)
+    tensors["W"] = OneDNNWeights({k: consts[v] for k, v in host.packed.items()})
 
     def describe(i: int) -> str:
         return gathers[i] if 0 <= i < len(gathers) else f"gather #{i}"
 
-    t["load"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    linear_bytes = sum(tensors[k].numel() * 4 for k in host.panels)
-    thresholds = switch_points(host.thresholds, target, opts, linear_bytes)
-    t["switch points"] = time.perf_counter() - t0
+    functions = opaque_functions(host.recipes, step)
     values = {name: th.value for name, th in thresholds.items()}
-    symbols = len(store.symbols)
-    program = Program(host.source, library, host.kernels, symbols, tensors, dict(host.opaque), describe, values)
-    if opts.dump_dir:
-        _dump(opts.dump_dir, graph, gen.te, gen.plan, gen.schedule, gen.source, host.source)
-    return Backend(
-        program, gen.te, gen.plan, gen.schedule, gen.kernels, cached, target, thresholds, host.step_thresholds, t
-    )
+    return Program(host.source, library, host.kernels, n_symbols, tensors, functions, describe, values)
 
 
 def switch_points(wanted: dict[str, tuple[str, tuple[int, ...]]], target: Target, opts: Options, linear_bytes: int):

@@ -11,6 +11,7 @@ is written to the dump folder with the C++.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import sympy
@@ -33,9 +34,11 @@ from symfuse.te.analysis import loads
 class HostCode:
     source: str
     constants: dict[str, str] = field(default_factory=dict)  # namespace name -> constant value name
-    packed: dict[str, str] = field(default_factory=dict)  # namespace name -> weight to reorder for oneDNN
+    packed: dict[str, str] = field(default_factory=dict)  # W[name] -> weight to reorder for oneDNN
     panels: dict[str, str] = field(default_factory=dict)  # namespace name -> weight to pack for sf_linear_rows
-    opaque: dict[str, tuple] = field(default_factory=dict)  # namespace name -> (reference fn, attr evaluator)
+    # namespace name -> how to make its function: ("op", op, attrs) runs an op's torch reference,
+    # ("te", step) a kernel's tensor expressions through torch (plain data: an artifact saves it)
+    recipes: dict[str, tuple] = field(default_factory=dict)
     kernels: dict[str, int] = field(default_factory=dict)  # native kernel -> number of buffer arguments
     # namespace name -> (kind, shape): a version switch point, measured per machine (calibrate.py)
     thresholds: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
@@ -92,7 +95,7 @@ class _Host:
         src = self.kernels.get(st.name)
         if src is None:  # no C++ for it: its TEs run through the torch TE interpreter
             fn = f"te_{st.name}"
-            self.code.opaque[fn] = (torch_kernel(st), None)
+            self.code.recipes[fn] = ("te", st.name)
             ins = sorted(
                 {ld.tensor for m in st.members for ld, _ in loads(m.body)}
                 - {m.name for m in st.members}
@@ -116,7 +119,7 @@ class _Host:
             self.code.packed[w] = st.weight
             bias = self.ref(st.bias) if st.bias else "None"
             attr, algo = st.postop or ("none", "")
-            library = f"t_{st.out} = linear({self.view(st.a)}, {w}, {bias}, {attr!r}, [], {algo!r})"
+            library = f"t_{st.out} = linear({self.view(st.a)}, W[{w!r}], {bias}, {attr!r}, [], {algo!r})"
             mat = as_matrix(st.a)
             if mat is None or self.s.buffers[st.a.buffer].dtype is not DType.float32:
                 out.append(library)
@@ -178,7 +181,7 @@ class _Host:
         n = st.node
         opdef = ops.get(n.op)
         fn = f"op_{st.name}"
-        self.code.opaque[fn] = (opdef.ref, attr_evaluator(dict(n.attrs)))
+        self.code.recipes[fn] = ("op", n.op, dict(n.attrs))
         args = [self.ref(v.name) if v is not None else "None" for v in n.inputs]
         if opdef.variadic:
             packed = opdef.pack(args)
@@ -254,6 +257,18 @@ class _Host:
         out.append("    check()")
         out.append("    return [" + ", ".join(self.ref(n) for n in s.outputs) + "]")
         return "\n".join(out) + "\n"
+
+
+def opaque_functions(recipes: dict[str, tuple], step: Callable[[str], NativeStep]) -> dict[str, tuple]:
+    """The host's torch-run functions from their recipes: namespace name -> (function, attribute
+    evaluator); `step(name)` finds a schedule step by name."""
+    out = {}
+    for name, recipe in recipes.items():
+        if recipe[0] == "op":
+            out[name] = (ops.get(recipe[1]).ref, attr_evaluator(recipe[2]))
+        else:
+            out[name] = (torch_kernel(step(recipe[1])), None)
+    return out
 
 
 def torch_kernel(st: NativeStep):

@@ -56,6 +56,7 @@ class Captured:
     out_spec: Any
     seconds: float
     notes: list[str] = field(default_factory=list)
+    stages: dict[str, float] = field(default_factory=dict)  # seconds of each part of `seconds`
 
 
 def source_location(node: torch.fx.Node) -> str:
@@ -176,12 +177,20 @@ def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
     try:
         with torch.no_grad(), _lstm.lstms_as_custom_op(model), warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            t1 = time.perf_counter()
             ep = torch.export.export(model, args, kwargs, dynamic_shapes=ds_by_name, strict=False)
+            t2 = time.perf_counter()
             ep = ep.run_decompositions({})
+            t3 = time.perf_counter()
     finally:
         model.train(was_training)
     captured = _convert(ep, inputs, decls, model)
     captured.seconds = time.perf_counter() - t0
+    captured.stages = {
+        "torch.export": t2 - t1,
+        "decompositions": t3 - t2,
+        "conversion to symfuse's graph": time.perf_counter() - t3 + (t1 - t0),
+    }
     captured.notes += notes
     return captured
 

@@ -41,6 +41,9 @@ class Node:
     def __post_init__(self) -> None:
         object.__setattr__(self, "attrs", MappingProxyType(dict(self.attrs)))
 
+    def __reduce__(self):  # (a mapping proxy does not pickle; a saved artifact holds the graph)
+        return (Node, (self.op, self.inputs, dict(self.attrs), self.outputs, self.loc))
+
     @property
     def out(self) -> Value:
         (v,) = self.outputs

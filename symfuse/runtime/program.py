@@ -124,6 +124,20 @@ def _view(t: torch.Tensor, sizes: tuple, strides: tuple, offset: int) -> torch.T
     return t.as_strided(sizes, strides, t.storage_offset() + offset)
 
 
+class OneDNNWeights(dict):
+    """Linear weights in oneDNN's blocked layout, each reordered at its first use (`W[name]` in
+    the host code): calls that all stay under a layer's switch point to symfuse's row kernel
+    never pay for the reorder, nor hold the copy."""
+
+    def __init__(self, plain: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.plain = plain
+
+    def __missing__(self, name: str) -> torch.Tensor:
+        w = self[name] = reorder_weight(self.plain[name])  # two threads may both reorder: same result
+        return w
+
+
 def reorder_weight(w: torch.Tensor) -> torch.Tensor:
     """A linear layer's weight in oneDNN's blocked layout, for every number of rows."""
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous())

@@ -240,6 +240,49 @@ def read_features(cxx: str) -> dict[str, bool]:
     return feats
 
 
+# /proc/cpuinfo's names for the features the probe reads, where they differ; Linux lists a
+# feature only when the OS saves its registers, so the OS flags follow from the ISA's
+_CPUINFO_NAMES = {"lzcnt": "abm", "bmi1": "bmi1", "asimd": "asimd"}
+
+
+def cpuinfo_features() -> dict[str, bool]:
+    """The CPU's features as Linux reports them, for when no compiler can run the probe (a
+    saved artifact loaded on a machine without one)."""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith(("flags", "features")):
+                    flags |= set(line.split(":", 1)[1].split())
+    except OSError:
+        return {}
+    names = {n for spec in ISAS.values() for n in spec.needs} | set(REPORTED)
+    feats = {n: _CPUINFO_NAMES.get(n, n) in flags for n in names}
+    feats["os_avx"], feats["os_avx512"] = "avx" in flags, "avx512f" in flags
+    if machine_arch() == "aarch64":
+        feats["asimd"] = True  # every ARMv8-A CPU has it
+    return feats
+
+
+def runs_here(target: Target, cxx: str, cache_dir: str = "") -> tuple[bool, str]:
+    """Whether this machine runs code built for `target` (ISA and the extensions its flags
+    enable), and if not what it lacks. Uses the probe (cached) when the compiler works, else
+    /proc/cpuinfo."""
+    arch = machine_arch()
+    if target.arch != arch or target.isa not in ISAS:
+        return False, f"is {arch}, not {target.arch}"
+    needed = [e for e in target.extensions if e in EXTENSION_FLAGS]
+    try:
+        local = detect(cxx, target.isa, cache_dir)
+        missing = [e for e in needed if e not in local.extensions]
+    except ValueError as e:
+        return False, str(e).split(": ", 1)[-1]
+    except BuildError:
+        feats = cpuinfo_features()
+        missing = [f for f in ISAS[target.isa].needs + tuple(needed) if not feats.get(f)]
+    return not missing, f"lacks {', '.join(missing)}" if missing else ""
+
+
 def machine_arch() -> str:
     m = platform.machine().lower()
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
@@ -292,6 +335,11 @@ def _cpu_identity() -> str:
         return platform.platform() + platform.processor()
 
 
+def machine_id() -> str:
+    """A hash of this CPU's model and features: what measurements (switch points) belong to."""
+    return hashlib.sha256(_cpu_identity().encode()).hexdigest()[:12]
+
+
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -319,7 +367,7 @@ def target_for(
     if flags is None:
         flags = spec.flag_sets(arch)[0] + tuple(EXTENSION_FLAGS[e] for e in extensions if e in EXTENSION_FLAGS)
     l1, l2, l3 = _cache_sizes()
-    machine = hashlib.sha256(_cpu_identity().encode()).hexdigest()[:12]
+    machine = machine_id()
     return Target(
         arch,
         isa,
