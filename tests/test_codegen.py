@@ -162,3 +162,43 @@ def test_attention_versions_agree_with_eager(tmp_path):
             for th in c.native.thresholds:
                 c.native.program.set_threshold(th, c.native.thresholds[th].value)
         assert symfuse.compile_count() == count
+
+
+def test_kernels_equal_up_to_value_names_share_one_function():
+    from symfuse.codegen.compile import share
+    from symfuse.codegen.cpu.kernel import KernelSource
+
+    def kernel(name, out, x, scale):
+        src = (
+            f"// {name}: {out} = {x} * {scale}\n"
+            f'extern "C" void {name}(float* {out}, const float* {x}, const int64_t* sym, int64_t b, int64_t e) {{\n'
+            f"  for (int64_t r0_{out} = b; r0_{out} < e; ++r0_{out}) {{ const float v_{x} = {x}[r0_{out}];"
+            f" {out}[r0_{out}] = v_{x} * {scale}f; }}\n}}"
+        )
+        return KernelSource(name, src, [out, x], 1)
+
+    ks = {
+        "k1_mul": kernel("k1_mul", "mul", "add", "0.5"),
+        "k2_mul_1": kernel("k2_mul_1", "mul_1", "add_3", "0.5"),  # the same up to names
+        "k3_mul_2": kernel("k3_mul_2", "mul_2", "add_5", "0.25"),  # another constant
+    }
+    shared = share(ks, {"mul", "add", "mul_1", "add_3", "mul_2", "add_5"})
+    assert [k.function for k in shared.values()] == ["", "k1_mul", ""]
+    assert shared["k2_mul_1"].args == ["mul_1", "add_3"]  # called with its own buffers
+
+
+def test_a_transformer_compiles_each_distinct_kernel_once(tmp_path):
+    from symfuse.models import load
+
+    case = load("bert-small")
+    c = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic, cache_dir=str(tmp_path))
+    kernels = c.native.kernels
+    own = [k for k in kernels.values() if not k.function]
+    assert len(own) < len(kernels) // 2  # four layers: their layer norms and attention repeat
+    assert all(kernels[k.function].function == "" for k in kernels.values() if k.function)
+    source = c.native.gen.source
+    assert all(f'"C" void {k.name}(' not in source for k in kernels.values() if k.function)
+    for b in (dict(B=1, S=1), dict(B=2, S=13), dict(B=1, S=64)):
+        x = case.inputs(**b)
+        with torch.no_grad():
+            assert rel_err(c(**x).last_hidden_state, case.model(**x).last_hidden_state) < 1e-4

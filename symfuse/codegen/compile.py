@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -140,12 +141,43 @@ def generate(graph: Graph, store: ShapeStore, target: Target) -> Generated:
                     natives.append(st.softmax)
                 continue
             sched.notes.append(f"{st.name} runs its tensor expressions through torch: {e}")
+    kernels = share(kernels, set(sched.buffers) | {it.name for it in prog.items})
     host = generate_host(sched, kernels, symbols)
     tile = tile_for(target)
     # the GEMM micro-kernel only where a step calls it: it is most of a small library's build time
     gemm = gemm_source(tile) if host.panels or any(isinstance(st, AttentionStep) for st in sched.steps) else ""
-    source = preamble(target) + gemm + "\n" + "\n\n".join(k.source for k in kernels.values()) + "\n"
+    own = "\n\n".join(k.source for k in kernels.values() if not k.function)
+    source = preamble(target) + gemm + "\n" + own + "\n"
     return Generated(prog, fp, sched, kernels, gathers, host, source, tile, symbols)
+
+
+_IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
+_LOCAL = re.compile(r"^(?:v|row|r\d+)_")  # the emitters' names for a value's register, row buffer, loop
+_COMMENT = re.compile(r"^\s*//.*$", re.M)
+
+
+def share(kernels: dict[str, KernelSource], names: set[str]) -> dict[str, KernelSource]:
+    """Kernels whose C++ is the same up to the names of the graph's values (each layer of a
+    transformer repeats its layer norm, its attention, its GELU) share one function: the
+    later ones call the first, so the compiler sees each distinct kernel once."""
+    first: dict[str, str] = {}
+    out = {}
+    for name, k in kernels.items():
+        seen: dict[str, str] = {}
+
+        def placeholder(m: re.Match, seen=seen, own=name) -> str:
+            word = m.group(0)
+            if word != own and word not in names and _LOCAL.sub("", word) not in names:
+                return word
+            return seen.setdefault(word, f"@{len(seen)}")
+
+        canonical = _IDENT.sub(placeholder, _COMMENT.sub("", k.source))
+        if canonical in first:
+            out[name] = replace(k, function=first[canonical])
+        else:
+            first[canonical] = name
+            out[name] = k
+    return out
 
 
 def compile_program(graph: Graph, store: ShapeStore, opts: Options, target: Target | None = None) -> Backend:

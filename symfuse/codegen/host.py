@@ -105,11 +105,12 @@ class _Host:
             env = ", ".join(f"{n!r}: {self.ref(n)}" for n in ins + st.outputs)
             out.append(f"{fn}[0]({{{env}}}, b)")
             return out
-        self.code.kernels[st.name] = len(src.args)
+        fn = src.function or st.name
+        self.code.kernels[fn] = len(src.args)
         out = [self.alloc(n) for n in src.args[: src.n_outputs]]
         rows = self.py(sympy.Mul(*st.rows)) if st.rows else "1"
         ptrs = ", ".join(f"{self.ref(n)}.data_ptr()" for n in src.args)
-        out.append(f"k.{st.name}({ptrs}, sym, 0, {rows})")
+        out.append(f"k.{fn}({ptrs}, sym, 0, {rows})")
         return out
 
     def gemm(self, st: GemmStep) -> list[str]:

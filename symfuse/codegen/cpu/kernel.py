@@ -47,6 +47,7 @@ class KernelSource:
     source: str
     args: list[str]  # buffers, outputs first, in the order of the C signature
     n_outputs: int
+    function: str = ""  # the C function that runs it, when another kernel's code is the same (`share`)
 
 
 class _Emitter:
