@@ -11,6 +11,13 @@ import time
 import torch
 
 
+class _Stderr(logging.Handler):
+    """Progress lines to whatever `sys.stderr` is when they are written."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stderr)
+
+
 def _times_ms(fn, reps: int) -> list[float]:
     fn()  # warm up: first calls at a new shape set up library kernels
     times = []
@@ -264,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     log = logging.getLogger("symfuse")  # progress on long work (capture, measuring switch points) to stderr
     if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _Stderr()
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)

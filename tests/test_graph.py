@@ -18,9 +18,9 @@ graph Block(%x: f32[B, S, 8]) {
   %linear: f32[B, S, 16] = linear(%x, %p_up_weight, %p_up_bias)  # up linear.py:134
   %gelu: f32[B, S, 16] = gelu(%linear, approximate='tanh')  # test_graph.py:{l1}
   %linear_1: f32[B, S, 8] = linear(%gelu, %p_down_weight, none)  # down linear.py:134
-  %add_12: f32[B, S, 8] = add(%linear_1, %x)  # test_graph.py:{l1}
-  %view: f32[B*S, 8] = reshape(%add_12, shape=[-1, 8])  # test_graph.py:{l2}
-  %layer_norm: f32[B*S, 8] = layer_norm(%view, none, none, normalized_shape=[8], eps=1e-05)  # test_graph.py:{l2}
+  %add: f32[B, S, 8] = add(%linear_1, %x)  # test_graph.py:{l1}
+  %reshape: f32[B*S, 8] = reshape(%add, shape=[-1, 8])  # test_graph.py:{l2}
+  %layer_norm: f32[B*S, 8] = layer_norm(%reshape, none, none, normalized_shape=[8], eps=1e-05)  # test_graph.py:{l2}
   return %layer_norm
 }"""
 
