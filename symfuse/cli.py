@@ -1,4 +1,4 @@
-"""The `symfuse` command: demo, explain, bench, compile, run, cache and models."""
+"""The `symfuse` command: demo, explain, bench, compile, run, serve, cache and models."""
 
 from __future__ import annotations
 
@@ -157,6 +157,36 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        raise ValueError("symfuse serve needs Ray Serve: pip install .[serve]") from None
+    from symfuse.serve import app
+
+    application = app(
+        args.artifact,
+        replicas=args.replicas,
+        threads=args.threads,
+        max_batch_size=args.max_batch_size,
+        batch_wait_timeout_s=args.batch_wait_ms / 1e3,
+        tokenizer=args.tokenizer or "",
+    )
+    ray.init(address=args.address or None, include_dashboard=False)
+    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.run(application, name="symfuse", route_prefix="/")
+    print(f"serving {args.artifact} at http://{args.host}:{args.port}/ ({args.replicas} replicas); Ctrl-C stops")
+    print(f"  curl -X POST http://{args.host}:{args.port}/ -d '{{\"input_ids\": [101, 7592, 102]}}'")
+    print(f"  curl http://{args.host}:{args.port}/metrics    curl http://{args.host}:{args.port}/-/healthz")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serve.shutdown()
+    return 0
+
+
 def cmd_cache(args) -> int:
     from symfuse import cache
     from symfuse.options import Options
@@ -261,6 +291,17 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--shape", action="append", help="SYMBOL=VALUE,... (repeatable), e.g. --shape B=1,S=16")
     r.add_argument("--reps", type=int, default=5, help="timed repetitions per shape (median is shown)")
     r.set_defaults(fn=cmd_run)
+    v = sub.add_parser("serve", help="serve a saved artifact over HTTP on Ray Serve, with dynamic batching")
+    v.add_argument("artifact")
+    v.add_argument("--replicas", type=int, default=1)
+    v.add_argument("--threads", type=int, default=1, help="CPU threads (and Ray CPUs) per replica")
+    v.add_argument("--max-batch-size", type=int, default=8)
+    v.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long a batch waits to fill")
+    v.add_argument("--tokenizer", help="a local tokenizer folder, for requests that send text")
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--address", help="an existing Ray cluster (ray start --head; e.g. auto or HOST:6379)")
+    v.set_defaults(fn=cmd_serve)
     k = sub.add_parser("cache", help="where the kernel cache and machine measurements are; clear them")
     k.add_argument("action", choices=("info", "clear"))
     k.add_argument("--all", action="store_true", help="clear: also the detected targets and switch points")
