@@ -12,6 +12,7 @@ import os
 import re
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -190,13 +191,15 @@ def compile_program(graph: Graph, store: ShapeStore, opts: Options, target: Targ
     gen = generate(graph, store, target)
     host = gen.host
     t["lower, plan, schedule, generate C++ and host code"] = time.perf_counter() - t0
-    library, cached, secs = build(gen.source, target, opts)
+    with ThreadPoolExecutor(1) as pool:  # g++ runs while the weights are packed
+        building = pool.submit(build, gen.source, target, opts)
+        t0 = time.perf_counter()
+        consts = {v.name: tensor for v, tensor in graph.constants.items()}
+        panels = {k: pack_panels(consts[v], gen.tile.panel) for k, v in host.panels.items()}
+        t["pack weights (while g++ runs)"] = time.perf_counter() - t0
+        library, cached, secs = building.result()
     t["build (cache hit)" if cached else "build (g++)"] = secs
-    t0 = time.perf_counter()
-    consts = {v.name: tensor for v, tensor in graph.constants.items()}
-    panels = {k: pack_panels(consts[v], gen.tile.panel) for k, v in host.panels.items()}
-    t["load"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    t0 = time.perf_counter()  # (switch points are measured with nothing else running)
     linear_bytes = sum(p.numel() * 4 for p in panels.values())
     thresholds = switch_points(host.thresholds, target, opts, linear_bytes)
     t["switch points"] = time.perf_counter() - t0
