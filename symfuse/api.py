@@ -128,7 +128,8 @@ def compile(  # noqa: A001
     """Compile `model` once for all bindings of its dynamic dims.
 
     example_inputs: a tensor, a tuple of positional inputs, or a dict of keyword inputs.
-        Dynamic dims need example sizes of at least 2 (torch.export specialises 0 and 1).
+        A dynamic dim with an example of size 1 is grown to 2 for capture (torch.export
+        would fix it); size 0 is an error.
     dynamic: `{input name: {dim: name}}` (names may be `torch.export.Dim`s with ranges;
         the same name on two dims declares them equal), or a tuple of such dicts for
         positional inputs. When omitted, every dim of every tensor input is dynamic

@@ -45,9 +45,32 @@ def test_positional_inputs_and_default_dynamic(seeded):
         assert rel_err(c(x, y), m(x, y)) < 1e-5
 
 
-def test_dynamic_dim_with_example_of_one_is_refused():
-    with pytest.raises(ValueError, match=r"input 'x' dim 0 is declared dynamic \('B'\) but its example size is 1"):
-        symfuse.compile(MLP(), (torch.randn(1, 5, 6), torch.randn(1, 5, 6)), {"x": {0: "B"}})
+def test_a_dynamic_dim_with_an_example_of_one_is_grown_to_two_for_capture(seeded):
+    m = MLP()
+    before = symfuse.compile_count()
+    c = symfuse.compile(m, (torch.randn(1, 5, 6), torch.randn(1, 5, 6)), ({0: "B", 1: "S"}, {0: "B", 1: "S"}))
+    assert str(c.graph.inputs[0].type) == "f32[B, S, 6]"
+    assert "input 'x' dim 0 ('B') had an example of size 1" in c.explain(with_graph=False)
+    for shape in [(1, 5, 6), (3, 1, 6), (8, 13, 6)]:
+        x, y = torch.randn(shape), torch.randn(shape)
+        assert rel_err(c(x, y), m(x, y)) < 1e-5
+    assert symfuse.compile_count() == before + 1
+
+
+def test_a_transformer_compiled_from_a_batch_of_one_runs_any_batch(seeded):
+    from symfuse.models import load
+
+    case = load("bert-small")
+    c = symfuse.compile(case.model, case.inputs(B=1, S=1), case.dynamic)  # one sentence of one token
+    for b in (dict(B=1, S=1), dict(B=3, S=7), dict(B=2, S=64)):
+        x = case.inputs(**b)
+        with torch.no_grad():
+            assert rel_err(c(**x).last_hidden_state, case.model(**x).last_hidden_state) < 1e-4
+
+
+def test_a_dynamic_dim_with_an_example_of_zero_is_refused():
+    with pytest.raises(ValueError, match=r"input 'x' dim 0 is declared dynamic \('B'\) but its example size is 0"):
+        symfuse.compile(MLP(), (torch.randn(0, 5, 6), torch.randn(0, 5, 6)), {"x": {0: "B"}})
 
 
 def test_dynamic_dim_the_model_fixes_is_refused():

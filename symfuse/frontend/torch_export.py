@@ -143,6 +143,30 @@ def _flat_inputs(model, args: tuple, kwargs: dict) -> dict[str, Any]:
     return names
 
 
+def _grow_size_one(inputs: dict[str, Any], decls: dict[str, dict[int, DimDecl]]) -> list[str]:
+    """torch.export fixes a dim whose example size is 1, so a dim declared dynamic with an
+    example of 1 is grown to 2 by repeating the example along it, on every input that has
+    that dim (a batch of two copies; a sequence of its token twice): a valid input for the
+    model wherever one of size 1 was. Returns what was done, for `explain`."""
+    ones = {
+        decl.name
+        for name, dims in decls.items()
+        for d, decl in dims.items()
+        if not decl.auto and isinstance(inputs[name], torch.Tensor) and inputs[name].shape[d] == 1
+        and decl.lo <= 2 <= decl.hi
+    }  # fmt: skip
+    notes = []
+    for name, dims in decls.items():
+        for d, decl in dims.items():
+            if decl.name in ones and inputs[name].shape[d] == 1:
+                inputs[name] = torch.cat([inputs[name]] * 2, dim=d)
+                notes.append(
+                    f"input '{name}' dim {d} ('{decl.name}') had an example of size 1, which torch.export would "
+                    "fix: captured with the example repeated to size 2 along it"
+                )
+    return notes
+
+
 def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) -> Captured:
     t0 = time.perf_counter()
     if isinstance(example_inputs, dict):
@@ -155,13 +179,21 @@ def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
         raise TypeError("example_inputs must be a tensor, a tuple of inputs or a dict of keyword inputs")
     inputs = _flat_inputs(model, args, kwargs)
     decls = parse_dynamic(dynamic, inputs)
+    grown = _grow_size_one(inputs, decls)
+    if grown:  # the same inputs, as export takes them: the positional ones first
+        keys = list(inputs)
+        args, kwargs = tuple(inputs[k] for k in keys[: len(args)]), {k: inputs[k] for k in keys[len(args) :]}
     for name, dims in decls.items():
         for d, decl in dims.items():
             size = inputs[name].shape[d]
             if not decl.auto and size < 2:
                 raise ValueError(
                     f"input '{name}' dim {d} is declared dynamic ('{decl.name}') but its example size is {size}; "
-                    "torch.export specialises sizes 0 and 1, so give an example of at least 2"
+                    + (
+                        "give a non-empty example (symfuse grows an example of 1 to 2 for torch.export)"
+                        if size == 0
+                        else f"torch.export fixes a size of 1, and 2 is outside the declared range of '{decl.name}'"
+                    )
                 )
             if not decl.lo <= size <= decl.hi:
                 raise ValueError(
@@ -172,7 +204,7 @@ def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
     ds_by_name = {
         k: ({d: Dim.AUTO for d in decls.get(k, {})} if isinstance(v, torch.Tensor) else None) for k, v in inputs.items()
     }
-    notes = []
+    notes = list(grown)
     if model.training:
         notes.append("the model was in training mode; it was captured in eval mode")
     was_training = model.training
