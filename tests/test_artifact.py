@@ -245,3 +245,47 @@ def test_compile_and_run_commands(saved, tmp_path, capsys):
     assert main(["compile", "--model", "lstm", "-o", str(tmp_path / "lstm")]) == 0
     assert "symfuse run" in capsys.readouterr().out
     assert main(["run", str(tmp_path / "lstm")]) == 0
+
+
+def _tiny_build(cache: str):
+    from symfuse.codegen.cpu.build import build
+    from symfuse.codegen.cpu.target import target_for
+    from symfuse.options import Options
+
+    return build('extern "C" int sf_seven() { return 7; }', target_for("generic"), Options(cache_dir=cache))
+
+
+def test_the_kernel_cache_is_private_and_one_others_can_write_is_refused(tmp_path):
+    from symfuse.codegen.cpu.build import BuildError
+
+    lib, _, _ = _tiny_build(str(tmp_path / "new" / "cache"))
+    assert os.stat(tmp_path / "new" / "cache").st_mode & 0o777 == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(BuildError, match=r"kernel cache .*shared is writable by other users \(mode 0o777\)"):
+        _tiny_build(str(shared))
+
+
+def test_a_cache_that_cannot_be_written_falls_back_to_a_private_folder(tmp_path, caplog, monkeypatch):
+    import ctypes
+
+    from symfuse.codegen.cpu import build as b
+
+    (tmp_path / "file").write_text("not a folder")
+    with caplog.at_level("WARNING", logger="symfuse"):
+        lib, _, _ = _tiny_build(str(tmp_path / "file" / "cache"))
+    assert ctypes.CDLL(lib).sf_seven() == 7 and "cannot be created" in caplog.text
+    assert os.stat(os.path.dirname(lib)).st_mode & 0o777 == 0o700
+    real = b._compile
+
+    def full_disk(source, cxx, flags, target, lib, folder):
+        if folder == str(tmp_path / "ok"):
+            raise OSError(28, "No space left on device")
+        return real(source, cxx, flags, target, lib, folder)
+
+    monkeypatch.setattr(b, "_compile", full_disk)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="symfuse"):
+        lib, cached, _ = _tiny_build(str(tmp_path / "ok"))
+    assert ctypes.CDLL(lib).sf_seven() == 7 and "No space left on device" in caplog.text

@@ -1,12 +1,14 @@
 """Building generated C++ into a shared library, cached on disk by content hash.
 
 The key hashes the source, the compiler's version and the flags, which name the target's
-ISA (`target.py`), so a cache shared by two machines never gives one the other's code. An entry is written
-atomically (compiled to a temporary name, then renamed) with a sidecar holding the
-library's SHA-256; an entry whose sidecar is missing or does not match is rebuilt, never
-loaded. A lock file per entry makes processes that need the same library at once wait for
-the one building it. Entries are named `<target key>-<content hash>.so`. The library links
-against the OpenMP runtime already loaded by torch, so the process has one thread pool.
+ISA (`target.py`), so a cache shared by two machines never gives one the other's code. An
+entry is written atomically (compiled to a temporary name, then renamed) with a sidecar
+holding the library's SHA-256; an entry whose sidecar is missing or does not match is
+rebuilt, never loaded. A lock file per entry makes processes that need the same library at
+once wait for the one building it. The folder is created private (0700) and refused if
+other users can write to it; one that cannot be written falls back to a private temporary
+folder. Entries are named `<target key>-<content hash>.so`. The library links against the
+OpenMP runtime already loaded by torch, so the process has one thread pool.
 """
 
 from __future__ import annotations
@@ -104,12 +106,53 @@ def build(source: str, target: Target, opts: Options) -> tuple[str, bool, float]
     flags = list(target.all_flags)
     cxx = target.cxx
     key = hashlib.sha256("\0".join([source, target.key, compiler_version(cxx), *flags]).encode()).hexdigest()[:24]
-    os.makedirs(opts.kernel_cache, exist_ok=True)
-    lib = os.path.join(opts.kernel_cache, f"{target.key}-{key}.so")  # named by target: `symfuse cache info`
+    folder = cache_folder(opts.kernel_cache)
     t0 = time.perf_counter()
+    try:
+        return _build_in(folder, source, cxx, flags, target, key, t0)
+    except OSError as e:  # a full disk, or a folder that stopped taking writes: build privately
+        if folder == _private.get("folder"):
+            raise
+        folder = _fallback(folder, f"could not be written ({e})")
+        return _build_in(folder, source, cxx, flags, target, key, t0)
+
+
+def _build_in(folder: str, source: str, cxx: str, flags: list[str], target: Target, key: str, t0: float):
+    lib = os.path.join(folder, f"{target.key}-{key}.so")  # named by target: `symfuse cache info`
     # one process builds an entry while others wait for it (then hit), instead of all building it
     with FileLock(lib + ".lock"):
         if _valid(lib):
             return lib, True, time.perf_counter() - t0
-        _compile(source, cxx, flags, target, lib, opts.kernel_cache)
+        _compile(source, cxx, flags, target, lib, folder)
     return lib, False, time.perf_counter() - t0
+
+
+_private: dict[str, str] = {}  # this process's fallback folder, once made
+
+
+def _fallback(folder: str, why: str) -> str:
+    if "folder" not in _private:
+        _private["folder"] = tempfile.mkdtemp(prefix="symfuse-kernels-")  # 0700, this process's own
+    log.warning("symfuse: the kernel cache %s %s; building in %s for this process", folder, why, _private["folder"])
+    return _private["folder"]
+
+
+def cache_folder(path: str) -> str:
+    """The kernel cache, checked before any library in it is loaded: created private (0700);
+    one that other users can write to is refused (they could put code there that this
+    process would run); one that cannot be created or written falls back, with a warning,
+    to a private temporary folder."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as e:
+        return _fallback(path, f"cannot be created ({e})")
+    mode = os.stat(path).st_mode
+    if mode & 0o022:
+        raise BuildError(
+            f"the kernel cache {path} is writable by other users (mode {oct(mode & 0o777)}); symfuse loads "
+            f"compiled code from it, so it will not use it: run `chmod go-w {path}` or set SYMFUSE_CACHE_DIR to "
+            "a private folder"
+        )
+    if not os.access(path, os.W_OK | os.X_OK):
+        return _fallback(path, "is not writable")
+    return path
