@@ -25,6 +25,7 @@ machine are measured again, once, for this one.
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import io
 import json
@@ -43,6 +44,8 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+
+from symfuse.codegen.cpu.build import file_sha256
 
 log = logging.getLogger("symfuse")
 
@@ -179,8 +182,6 @@ def decode_spec(enc: Any) -> pytree.TreeSpec:
         if keys is None:
             raise ArtifactError(f"the model's output type {enc['type']} is not importable here")
         return pytree.TreeSpec(Record, (enc["type"].rpartition(":")[2], keys), children)
-    if cls is tuple or (isinstance(ctx, list) and cls in (dict,)):
-        ctx = None if cls is tuple else ctx
     return pytree.TreeSpec(cls, ctx, children)
 
 
@@ -228,14 +229,6 @@ class _Unpickler(pickle.Unpickler):
 
 
 # -- save ---------------------------------------------------------------------------------------
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def save(module, path: str) -> str:
     """Write `module` (a `CompiledModule` on the cpu backend) to the folder `path`."""
     native = module.native
@@ -290,7 +283,7 @@ def save(module, path: str) -> str:
             "files": {
                 name: {
                     "bytes": os.path.getsize(os.path.join(tmp, name)),
-                    "sha256": files.get(name) or _sha256(os.path.join(tmp, name)),
+                    "sha256": files.get(name) or file_sha256(os.path.join(tmp, name)),
                 }
                 for name in FILES
             },
@@ -351,7 +344,7 @@ def verify(path: str, manifest: dict) -> float:
         size = os.path.getsize(fpath)
         if size != want["bytes"]:
             return f"{name} is {size} bytes, the manifest says {want['bytes']} (truncated or replaced)"
-        if _sha256(fpath) != want["sha256"]:
+        if file_sha256(fpath) != want["sha256"]:
             return f"{name} does not match its SHA-256 in the manifest (altered or damaged)"
         return None
 
@@ -367,7 +360,7 @@ def load(path: str, **options):
     cache_dir, machine_dir, thresholds)."""
     from symfuse.api import CompiledModule
     from symfuse.codegen.compile import Backend, compile_program, generate, link, switch_points
-    from symfuse.codegen.cpu.calibrate import Threshold
+    from symfuse.codegen.cpu.calibrate import BY_HAND, Threshold
     from symfuse.codegen.cpu.gemm import Tile
     from symfuse.codegen.cpu.target import Target, detect, machine_id
     from symfuse.frontend.torch_export import Captured
@@ -377,7 +370,6 @@ def load(path: str, **options):
     if opts.backend != "cpu":
         raise ArtifactError(f"an artifact runs on the cpu backend, not {opts.backend!r}")
     seconds: dict[str, float] = {}
-    t0 = time.perf_counter()
     manifest = read_manifest(path)
     seconds["verify (read and hash every file)"] = verify(path, manifest)
     t0 = time.perf_counter()
@@ -434,23 +426,16 @@ def load(path: str, **options):
             }
     elif opts.thresholds:  # set by hand now
         manual = dict(opts.thresholds)
-        hand = "set by hand (thresholds / SYMFUSE_THRESHOLDS)"
         thresholds = {
-            k: Threshold(v.kind, v.shape, manual[v.kind], hand) if v.kind in manual else v
+            k: Threshold(v.kind, v.shape, manual[v.kind], BY_HAND) if v.kind in manual else v
             for k, v in thresholds.items()
         }
     seconds["switch points"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     tile = Tile(**state["tile"])
     consts = {v.name: tensors[v.name] for v in graph.constants}
-    gen_box: list = []
-
-    def regenerate():
-        if not gen_box:
-            gen_box.append(generate(graph, store, saved))
-        return gen_box[0]
-
-    step = lambda name: regenerate().step(name)  # noqa: E731 - only for kernels that run through torch
+    regenerate = functools.cache(lambda: generate(graph, store, saved))  # for explain, and kernels run by torch
+    step = lambda name: regenerate().step(name)  # noqa: E731
     program = link(
         host,
         os.path.join(path, "kernels.so"),

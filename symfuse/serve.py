@@ -38,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 import symfuse
+from symfuse.bench.engines import flat_outputs
 from symfuse.ir.dims import evaluate
 
 log = logging.getLogger("symfuse")
@@ -71,7 +72,7 @@ class Model:
 
     def _runner(self, engine: str, model: str):
         if engine == "symfuse":
-            return lambda inputs: _flat(self.module(**inputs))
+            return lambda inputs: flat_outputs(self.module(**inputs))
         from symfuse.models import load
 
         case = load(model)
@@ -79,7 +80,7 @@ class Model:
 
             def eager(inputs):
                 with torch.no_grad():
-                    return _flat(case.model(**inputs))
+                    return flat_outputs(case.model(**inputs))
 
             return eager
         if engine == "onnxruntime":
@@ -178,10 +179,6 @@ class Model:
                 t = t[row][tuple(slice(0, evaluate(d, binding)) for d in dims[1:])]
             answer[name] = t.tolist()
         return answer
-
-
-def _flat(out) -> list[torch.Tensor]:
-    return [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
 
 
 def _output_names(spec, n: int) -> list[str]:

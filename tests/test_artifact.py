@@ -113,10 +113,13 @@ def test_safetensors_round_trip_keeps_dtypes_and_values(tmp_path):
 
 
 def _rehash(path: str, name: str) -> None:
-    from symfuse.artifact import _sha256
+    from symfuse.codegen.cpu.build import file_sha256
 
     m = json.load(open(os.path.join(path, "manifest.json")))
-    m["files"][name] = {"bytes": os.path.getsize(os.path.join(path, name)), "sha256": _sha256(os.path.join(path, name))}
+    m["files"][name] = {
+        "bytes": os.path.getsize(os.path.join(path, name)),
+        "sha256": file_sha256(os.path.join(path, name)),
+    }
     json.dump(m, open(os.path.join(path, "manifest.json"), "w"))
 
 

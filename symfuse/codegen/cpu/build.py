@@ -57,9 +57,13 @@ def compiler_version(cxx: str) -> str:
     return lines[0]
 
 
-def _digest(path: str) -> str:
+def file_sha256(path: str) -> str:
+    """A file's SHA-256, read in blocks (a library's sidecar, an artifact's manifest)."""
+    h = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _valid(lib: str) -> bool:
@@ -67,7 +71,7 @@ def _valid(lib: str) -> bool:
     if not (os.path.exists(lib) and os.path.exists(stamp)):
         return False
     with open(stamp) as f:
-        if f.read().strip() == _digest(lib):
+        if f.read().strip() == file_sha256(lib):
             return True
     log.warning("symfuse: cache entry %s does not match its checksum; rebuilding", lib)
     return False
@@ -92,7 +96,7 @@ def _compile(source: str, cxx: str, flags: list[str], target: Target, lib: str, 
             f"generated C++ failed to compile with {cxx!r} (CXX) for {target.isa}:\n  {' '.join(cmd)}\n"
             f"{r.stderr[-4000:]}\nSet CXX to another g++ or clang++, SYMFUSE_ISA to another ISA, or use {HINT}"
         )
-    digest = _digest(tmp)
+    digest = file_sha256(tmp)
     os.replace(tmp, lib)
     fd, tmp_stamp = tempfile.mkstemp(prefix=".build-", dir=folder)
     with os.fdopen(fd, "w") as f:

@@ -43,6 +43,7 @@ log = logging.getLogger("symfuse")
 ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 KEYS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 HEADS = 12
+BY_HAND = "set by hand (thresholds / SYMFUSE_THRESHOLDS)"
 ANY_HEAD = 64  # the head size measured for attention whose head size is symbolic
 
 
@@ -91,7 +92,7 @@ class Calibration:
         if kind not in THRESHOLD_KINDS:
             raise ValueError(f"unknown threshold kind {kind!r}")
         if kind in self.manual:
-            return Threshold(kind, shape, self.manual[kind], "set by hand (thresholds / SYMFUSE_THRESHOLDS)")
+            return Threshold(kind, shape, self.manual[kind], BY_HAND)
         key = f"{kind} {'x'.join(map(str, shape))}" + (" streamed" if streamed else "")
         entries = self._load()
         if key not in entries:
