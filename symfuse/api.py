@@ -10,6 +10,7 @@ import torch.utils._pytree as pytree
 
 from symfuse.explain import explain as _explain
 from symfuse.frontend import Captured, capture
+from symfuse.frontend.onnx import capture_onnx, is_onnx
 from symfuse.ir.verify import verify
 from symfuse.options import Options
 from symfuse.passes import PIPELINE
@@ -123,9 +124,13 @@ class CompiledModule:
 
 
 def compile(  # noqa: A001
-    model: torch.nn.Module, example_inputs: Any, dynamic: Any = None, *, backend: str | None = None, **options
+    model: Any, example_inputs: Any = None, dynamic: Any = None, *, backend: str | None = None, **options
 ) -> CompiledModule:
     """Compile `model` once for all bindings of its dynamic dims.
+
+    model: a `torch.nn.Module` (captured with torch.export from `example_inputs`), or an
+        ONNX model: a path to a `.onnx` file or an `onnx.ModelProto` (no example needed;
+        its `dim_param`s are the symbols, and the module returns a tuple of its outputs).
 
     example_inputs: a tensor, a tuple of positional inputs, or a dict of keyword inputs.
         A dynamic dim with an example of size 1 is grown to 2 for capture (torch.export
@@ -140,7 +145,16 @@ def compile(  # noqa: A001
     """
     opts = Options.from_env(backend=backend, **options)
     global _compile_count
-    captured = capture(model, example_inputs, dynamic)
+    if is_onnx(model):
+        if example_inputs is not None:
+            raise ValueError("an ONNX model needs no example inputs; pass `dynamic` to rename or bound its dims")
+        captured = capture_onnx(model, dynamic)
+    elif isinstance(model, torch.nn.Module):
+        if example_inputs is None:
+            raise ValueError("compiling a torch module needs example inputs (a tensor, a tuple or a dict)")
+        captured = capture(model, example_inputs, dynamic)
+    else:
+        raise TypeError(f"symfuse compiles a torch.nn.Module or an ONNX model (.onnx path or ModelProto), got {model!r}")
     verify(captured.graph)
     for p in PIPELINE:
         captured.graph = p(captured.graph, captured.store)

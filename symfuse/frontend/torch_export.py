@@ -60,6 +60,7 @@ class Captured:
     seconds: float
     notes: list[str] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)  # seconds of each part of `seconds`
+    output_names: list[str] | None = None  # an imported model's named outputs (ONNX)
 
 
 def source_location(node: torch.fx.Node) -> str:

@@ -7,6 +7,8 @@ which promote exactly as torch promotes a Python scalar.
 
 from __future__ import annotations
 
+import sympy
+
 import torch
 import torch.nn.functional as F
 
@@ -200,7 +202,9 @@ defop(
 
 
 def _full_bounds(ctx, shape, value, dtype):
-    return (dim(int(value)), dim(int(value))) if not dtype.is_float and not isinstance(value, float) else None
+    if dtype.is_float or isinstance(value, float):
+        return None
+    return (dim(value), dim(value)) if isinstance(value, sympy.Expr) else (dim(int(value)), dim(int(value)))
 
 
 defop(

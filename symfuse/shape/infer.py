@@ -99,7 +99,16 @@ class GraphBuilder:
         return outputs
 
     def finish(self, outputs: Sequence[Value]) -> Graph:
+        """The graph computing `outputs`: nodes and constants nothing reads are dropped."""
         self.graph.outputs = list(outputs)
+        live = set(outputs)
+        kept = []
+        for n in reversed(self.graph.nodes):
+            if any(v in live for v in n.outputs):
+                kept.append(n)
+                live.update(v for v in n.inputs if v is not None)
+        self.graph.nodes = kept[::-1]
+        self.graph.constants = {v: t for v, t in self.graph.constants.items() if v in live}
         return canonicalize(self.graph, self.store)
 
 

@@ -1,0 +1,826 @@
+"""The mapping from ONNX ops to symfuse registry ops, one entry per op type.
+
+A converter receives the `OnnxConverter` (values, constants, the store) and an `OnnxNode`
+(its inputs as symfuse values or known numpy arrays, its attributes) and returns its
+outputs: symfuse values, or known arrays when it computes something known at compile time
+(`Shape` of a tensor is an array of its dims). `FOLD` holds the ops that also compute on
+known arrays holding symbolic dims, so shape arithmetic stays symbolic; known numeric
+inputs fold through onnx's reference implementation instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+import sympy
+
+from symfuse.frontend.aten_table import Unsupported
+from symfuse.ir.dims import ceildiv, dim, dmax, dmin, floordiv, mod, product
+from symfuse.ir.dtypes import DType
+from symfuse.ir.graph import Value
+from symfuse.shape.context import ShapeContext
+
+
+@dataclass
+class OnnxNode:
+    proto: onnx.NodeProto
+    ins: list  # Value | np.ndarray | None per input
+    attrs: dict[str, Any]
+    opset: int
+
+    @property
+    def op(self) -> str:
+        return self.proto.op_type
+
+    def input(self, i: int) -> Any:
+        return self.ins[i] if i < len(self.ins) else None
+
+    def used(self, i: int) -> bool:
+        """Output `i` exists and has a name (ONNX leaves optional outputs unnamed)."""
+        return i < len(self.proto.output) and bool(self.proto.output[i])
+
+
+ONNX_OPS: dict[str, Callable[..., Any]] = {}
+FOLD: dict[str, Callable[..., Any]] = {}
+_TAKEN = object()  # an output another node's pattern computed; never read
+
+
+def converts(*ops: str, table: dict = ONNX_OPS):
+    def register(fn):
+        for op in ops:
+            table[op] = fn
+        return fn
+
+    return register
+
+
+def _to_dtype(elem_type: int) -> DType:
+    from symfuse.frontend.onnx import onnx_dtype
+
+    return onnx_dtype(elem_type)
+
+
+def _axes(cx, n: OnnxNode, input_index: int) -> list[int] | None:
+    """Axes given as an attribute (older opsets) or as an input (newer ones)."""
+    if "axes" in n.attrs:
+        return [int(a) for a in n.attrs["axes"]]
+    v = n.input(input_index)
+    if v is None:
+        return None
+    return [int(a) for a in cx.ints(v, f"input {input_index} (axes) of {n.op}")]
+
+
+# -- known values: shape arithmetic on arrays of dims ------------------------------------
+
+
+def _elem(x):
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, sympy.Basic):
+        return int(x) if x.is_Integer else x
+    return x
+
+
+def _symbolic(n: OnnxNode) -> bool:
+    return any(isinstance(x, np.ndarray) and x.dtype == object for x in n.ins)
+
+
+def _obj(fn, *arrays) -> np.ndarray:
+    out = np.frompyfunc(lambda *xs: _elem(fn(*map(_elem, xs))), len(arrays), 1)(*arrays)
+    return np.asarray(out, dtype=object)
+
+
+def _decide(cx, a, b, rel: str) -> bool:
+    """Compare two dims at compile time, or say why it cannot be known."""
+    if isinstance(a, int) and isinstance(b, int):
+        return {"==": a == b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[rel]
+    lo, hi = cx.store.bounds(cx.store.canon(dim(a) - dim(b)))
+    if rel == "==":
+        if lo > 0 or hi < 0:
+            return False
+        if lo == hi == 0:
+            return True
+    else:
+        sign = {"<": (hi < 0, lo >= 0), "<=": (hi <= 0, lo > 0), ">": (lo > 0, hi <= 0), ">=": (lo >= 0, hi < 0)}[rel]
+        if sign[0] or sign[1]:
+            return bool(sign[0])
+    raise Unsupported(f"whether {a} {rel} {b} depends on the input sizes; symfuse decides it at compile time")
+
+
+def _trunc_div(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        q = abs(a) // abs(b)
+        return q if (a >= 0) == (b >= 0) else -q
+    return floordiv(a, b)  # dims are positive
+
+
+_SYM_BINARY = {
+    "Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b, "Div": _trunc_div,
+    "Mod": lambda a, b: a % b if isinstance(a, int) and isinstance(b, int) else mod(a, b),
+    "Max": lambda a, b: max(a, b) if isinstance(a, int) and isinstance(b, int) else dmax(a, b),
+    "Min": lambda a, b: min(a, b) if isinstance(a, int) and isinstance(b, int) else dmin(a, b),
+}  # fmt: skip
+_SYM_COMPARE = {"Equal": "==", "Less": "<", "LessOrEqual": "<=", "Greater": ">", "GreaterOrEqual": ">="}
+
+
+@converts(*_SYM_BINARY, table=FOLD)
+def _fold_binary(cx, n):
+    if not _symbolic(n):
+        return None
+    fn = _SYM_BINARY[n.op]
+    out = n.ins[0]
+    for x in n.ins[1:]:
+        out = _obj(fn, out, x)
+    return out
+
+
+@converts(*_SYM_COMPARE, table=FOLD)
+def _fold_compare(cx, n):
+    if not _symbolic(n):
+        return None
+    rel = _SYM_COMPARE[n.op]
+    return np.frompyfunc(lambda a, b: _decide(cx, _elem(a), _elem(b), rel), 2, 1)(*n.ins).astype(bool)
+
+
+@converts("Neg", "Abs", table=FOLD)
+def _fold_unary(cx, n):
+    if not _symbolic(n):
+        return None
+    return _obj((lambda a: -a) if n.op == "Neg" else (lambda a: a if not isinstance(a, int) else abs(a)), n.ins[0])
+
+
+@converts("Identity", table=FOLD)
+def _fold_identity(cx, n):
+    return n.ins[0]
+
+
+@converts("Cast", table=FOLD)
+def _fold_cast(cx, n):
+    x = n.ins[0]
+    if x.dtype != object:
+        return None
+    to = _to_dtype(n.attrs["to"])
+    return x if to.is_int else None  # dims as floats become a tensor (the table's Cast)
+
+
+@converts("Gather", table=FOLD)
+def _fold_gather(cx, n):
+    data, idx = n.ins
+    if not _symbolic(n) or idx.dtype == object:
+        return None
+    axis = n.attrs.get("axis", 0) % data.ndim
+    return np.take(data, np.where(idx < 0, idx + data.shape[axis], idx), axis=axis)
+
+
+def _slice_args(cx, n, rank):
+    starts = cx.ints(n.input(1), "Slice starts")
+    ends = cx.ints(n.input(2), "Slice ends")
+    axes = cx.ints(n.input(3), "Slice axes") if n.input(3) is not None else list(range(len(starts)))
+    steps = cx.ints(n.input(4), "Slice steps") if n.input(4) is not None else [1] * len(starts)
+    return starts, ends, [a % rank for a in axes], steps
+
+
+@converts("Slice", table=FOLD)
+def _fold_slice(cx, n):
+    data = n.ins[0]
+    if not _symbolic(n):
+        return None
+    starts, ends, axes, steps = _slice_args(cx, n, data.ndim)
+    if not all(isinstance(v, int) for v in starts + ends + steps):
+        return None
+    index = [slice(None)] * data.ndim
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        index[a] = slice(s, e, st)
+    return data[tuple(index)]
+
+
+@converts("Concat", table=FOLD)
+def _fold_concat(cx, n):
+    if not _symbolic(n):
+        return None
+    return np.concatenate([x.astype(object) for x in n.ins], axis=n.attrs["axis"])
+
+
+@converts("Unsqueeze", table=FOLD)
+def _fold_unsqueeze(cx, n):
+    x = n.ins[0]
+    if x.dtype != object:
+        return None
+    axes = sorted(a % (x.ndim + len(_axes(cx, n, 1))) for a in _axes(cx, n, 1))
+    for a in axes:
+        x = np.expand_dims(x, a)
+    return x
+
+
+@converts("Squeeze", table=FOLD)
+def _fold_squeeze(cx, n):
+    x = n.ins[0]
+    if x.dtype != object:
+        return None
+    axes = _axes(cx, n, 1)
+    return np.squeeze(x, axis=tuple(a % x.ndim for a in axes) if axes else None)
+
+
+@converts("Reshape", table=FOLD)
+def _fold_reshape(cx, n):
+    x = n.ins[0]
+    if x.dtype != object:
+        return None
+    shape = cx.ints(n.ins[1], "Reshape shape")
+    if not all(isinstance(s, int) for s in shape):
+        return None
+    shape = [x.shape[i] if s == 0 and not n.attrs.get("allowzero", 0) else s for i, s in enumerate(shape)]
+    return x.reshape(shape)
+
+
+@converts("Where", table=FOLD)
+def _fold_where(cx, n):
+    c, a, b = n.ins
+    if not _symbolic(n) or c.dtype == object:
+        return None
+    return np.where(c, a.astype(object), b.astype(object))
+
+
+@converts("ReduceProd", "ReduceSum", table=FOLD)
+def _fold_reduce(cx, n):
+    x = n.ins[0]
+    if x.dtype != object:
+        return None
+    axes = _axes(cx, n, 1)
+    axes = tuple(a % x.ndim for a in axes) if axes else tuple(range(x.ndim))
+    fn = product if n.op == "ReduceProd" else (lambda xs: sum(xs, sympy.Integer(0)))
+    keep = bool(n.attrs.get("keepdims", 1))
+    moved = np.moveaxis(x, axes, range(-len(axes), 0)) if axes else x
+    flat = moved.reshape(moved.shape[: moved.ndim - len(axes)] + (-1,))
+    out = np.empty(flat.shape[:-1], dtype=object)
+    for i in np.ndindex(out.shape):
+        out[i] = _elem(fn(flat[i].tolist()))
+    if keep:
+        for a in sorted(axes):
+            out = np.expand_dims(out, a)
+    return out
+
+
+@converts("Constant", table=FOLD)
+def _constant(cx, n):
+    a = n.attrs
+    for key, make in (
+        ("value", np.asarray), ("value_float", lambda v: np.array(v, np.float32)),
+        ("value_floats", lambda v: np.array(v, np.float32)), ("value_int", lambda v: np.array(v, np.int64)),
+        ("value_ints", lambda v: np.array(v, np.int64)),
+    ):  # fmt: skip
+        if key in a:
+            return make(a[key])
+    raise Unsupported(f"a Constant with {', '.join(a) or 'no value'}")
+
+
+# -- shapes of tensors ----------------------------------------------------------------------
+
+
+@converts("Shape", table=FOLD)
+@converts("Shape")
+def _shape(cx, n):
+    x = n.ins[0]
+    shape = np.array([_elem(cx.store.canon(d)) for d in x.type.shape] if isinstance(x, Value) else x.shape, object)
+    lo, hi = n.attrs.get("start", 0), n.attrs.get("end", None)
+    return shape[lo:hi] if len(shape) else np.zeros(0, np.int64)
+
+
+@converts("Size")
+def _size(cx, n):
+    x = n.ins[0]
+    return np.array(_elem(cx.store.canon(product(x.type.shape))), dtype=object)
+
+
+# -- element-wise -----------------------------------------------------------------------------
+
+_UNARY = {
+    "Abs": "abs", "Neg": "neg", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Reciprocal": "reciprocal",
+    "Tanh": "tanh", "Sigmoid": "sigmoid", "Erf": "erf", "Sin": "sin", "Cos": "cos", "Relu": "relu",
+    "Not": "logical_not",
+}  # fmt: skip
+_BINARY = {
+    "Add": "add", "Sub": "sub", "Mul": "mul", "Equal": "eq", "Less": "lt", "LessOrEqual": "le", "Greater": "gt",
+    "GreaterOrEqual": "ge", "And": "logical_and", "Or": "logical_or", "BitwiseAnd": "bitwise_and",
+    "BitwiseOr": "bitwise_or", "BitwiseNot": "bitwise_not",
+}  # fmt: skip
+
+
+for _op, _sym in _UNARY.items():
+    ONNX_OPS[_op] = lambda cx, n, _sym=_sym: cx.emit(_sym, [cx.tensor(n.ins[0])])
+
+
+def _binary(sym: str):
+    def convert(cx, n):
+        return cx.emit(sym, [cx.tensor(n.ins[0]), cx.tensor(n.ins[1])])
+
+    return convert
+
+
+for _op, _sym in _BINARY.items():
+    ONNX_OPS[_op] = _binary(_sym)
+
+
+@converts("Div")
+def _div(cx, n):
+    a, b = cx.tensor(n.ins[0]), cx.tensor(n.ins[1])
+    return cx.emit("div", [a, b], rounding_mode=None if a.type.dtype.is_float else "trunc")
+
+
+@converts("Max", "Min", "Sum")
+def _variadic(cx, n):
+    op = {"Max": "maximum", "Min": "minimum", "Sum": "add"}[n.op]
+    out = cx.tensor(n.ins[0])
+    for x in n.ins[1:]:
+        out = cx.emit(op, [out, cx.tensor(x)])
+    return out
+
+
+@converts("Pow")
+def _pow(cx, n):
+    x, e = n.ins
+    if isinstance(e, np.ndarray) and e.size == 1 and e.dtype != object:
+        return cx.emit("pow_scalar", [cx.tensor(x)], exponent=float(e.reshape(-1)[0]))
+    return cx.emit("pow", [cx.tensor(x), cx.tensor(e)])
+
+
+@converts("IsNaN")
+def _isnan(cx, n):
+    x = cx.tensor(n.ins[0])
+    return cx.emit("ne", [x, x])
+
+
+@converts("Where")
+def _where(cx, n):
+    return cx.emit("where", [cx.tensor(x) for x in n.ins])
+
+
+@converts("Cast", "CastLike")
+def _cast(cx, n):
+    x = cx.tensor(n.ins[0])
+    to = _to_dtype(n.attrs["to"]) if n.op == "Cast" else cx.tensor(n.ins[1]).type.dtype
+    return x if to == x.type.dtype else cx.emit("cast", [x], dtype=to)
+
+
+@converts("Identity", "Dropout")
+def _identity(cx, n):
+    if n.op == "Dropout" and n.used(1):
+        raise Unsupported("Dropout's mask output")
+    return cx.tensor(n.ins[0])
+
+
+@converts("Clip")
+def _clip(cx, n):
+    def bound(i):
+        v = n.input(i)
+        if v is None:
+            return None
+        return float(cx.known(v, f"Clip's {'min' if i == 1 else 'max'}").reshape(-1)[0])
+
+    return cx.emit("clamp", [cx.tensor(n.ins[0])], min=bound(1), max=bound(2))
+
+
+@converts("Gelu")
+def _gelu(cx, n):
+    return cx.emit("gelu", [cx.tensor(n.ins[0])], approximate=n.attrs.get("approximate", "none"))
+
+
+@converts("LeakyRelu")
+def _leaky_relu(cx, n):
+    x = cx.tensor(n.ins[0])
+    pos = cx.emit("gt", [x, cx.b.scalar(0.0, x.type.dtype)])
+    return cx.emit("where", [pos, x, cx.emit("mul", [x, cx.b.scalar(float(n.attrs.get("alpha", 0.01)), x.type.dtype)])])
+
+
+def _hard_sigmoid(cx, x, alpha, beta):
+    y = cx.emit("add", [cx.emit("mul", [x, cx.b.scalar(alpha, x.type.dtype)]), cx.b.scalar(beta, x.type.dtype)])
+    return cx.emit("clamp", [y], min=0.0, max=1.0)
+
+
+@converts("HardSigmoid")
+def _hardsigmoid(cx, n):
+    return _hard_sigmoid(cx, cx.tensor(n.ins[0]), float(n.attrs.get("alpha", 0.2)), float(n.attrs.get("beta", 0.5)))
+
+
+@converts("HardSwish")
+def _hardswish(cx, n):
+    x = cx.tensor(n.ins[0])
+    return cx.emit("mul", [x, _hard_sigmoid(cx, x, 1 / 6, 0.5)])
+
+
+# -- creation -----------------------------------------------------------------------------------
+
+
+@converts("ConstantOfShape")
+def _constant_of_shape(cx, n):
+    shape = cx.dims(n.ins[0], "ConstantOfShape's shape")
+    value = n.attrs.get("value", np.zeros(1, np.float32))
+    from symfuse.frontend.onnx import np_dtype_to_symfuse
+
+    v = value.reshape(-1)[0].item()
+    return cx.emit("full", [], shape=shape, value=v, dtype=np_dtype_to_symfuse(value.dtype))
+
+
+@converts("Range")
+def _range(cx, n):
+    start, limit, delta = (cx.ints(x, f"Range's {w}")[0] for x, w in zip(n.ins, ("start", "limit", "delta")))
+    if any(isinstance(x, np.ndarray) and x.dtype.kind == "f" for x in n.ins):
+        raise Unsupported("Range with floating-point bounds")
+    if not isinstance(delta, int):
+        raise Unsupported("Range with a symbolic step")
+    from symfuse.frontend.onnx import np_dtype_to_symfuse
+
+    dt = n.ins[0].dtype
+    return cx.emit("arange", [], start=dim(start), end=dim(limit), step=delta, dtype=np_dtype_to_symfuse(dt))
+
+
+# -- layout -------------------------------------------------------------------------------------
+
+
+@converts("Reshape")
+def _reshape(cx, n):
+    x = cx.tensor(n.ins[0])
+    shape = list(cx.ints(n.ins[1], "Reshape's shape"))
+    for i, s in enumerate(shape):
+        if isinstance(s, int) and s == 0:
+            if n.attrs.get("allowzero", 0):
+                raise Unsupported("Reshape to a size-0 dim")
+            shape[i] = x.type.shape[i]
+    return cx.emit("reshape", [x], shape=tuple(s if isinstance(s, int) and s == -1 else dim(s) for s in shape))
+
+
+@converts("Flatten")
+def _flatten(cx, n):
+    x = cx.tensor(n.ins[0])
+    s = list(x.type.shape)
+    axis = n.attrs.get("axis", 1) % (len(s) + 1) if s else 0
+    return cx.emit("reshape", [x], shape=(product(s[:axis]), product(s[axis:])))
+
+
+@converts("Unsqueeze")
+def _unsqueeze(cx, n):
+    x = cx.tensor(n.ins[0])
+    axes = _axes(cx, n, 1)
+    rank = x.type.rank + len(axes)
+    s = list(x.type.shape)
+    for a in sorted(a % rank for a in axes):
+        s.insert(a, dim(1))
+    return cx.emit("reshape", [x], shape=tuple(s))
+
+
+@converts("Squeeze")
+def _squeeze(cx, n):
+    x = cx.tensor(n.ins[0])
+    s = list(x.type.shape)
+    axes = _axes(cx, n, 1)
+    if axes is None:
+        if any(not d.is_Integer for d in s):
+            raise Unsupported("Squeeze without axes on a tensor with dynamic dims")
+        axes = [i for i, d in enumerate(s) if d == 1]
+    axes = {a % len(s) for a in axes}
+    ctx = ShapeContext(cx.store, "Squeeze", cx.name, cx.loc)
+    for a in axes:
+        ctx.eq(s[a], 1, f"Squeeze removes dim {a}, which must be 1")
+    return cx.emit("reshape", [x], shape=tuple(d for i, d in enumerate(s) if i not in axes))
+
+
+@converts("Transpose")
+def _transpose(cx, n):
+    x = cx.tensor(n.ins[0])
+    perm = n.attrs.get("perm") or list(range(x.type.rank))[::-1]
+    return cx.emit("permute", [x], dims=tuple(int(p) for p in perm))
+
+
+@converts("Expand")
+def _expand(cx, n):
+    x = cx.tensor(n.ins[0])
+    target = list(cx.dims(n.ins[1], "Expand's shape"))
+    rank = max(len(target), x.type.rank)
+    target = [dim(1)] * (rank - len(target)) + target
+    src = [dim(1)] * (rank - x.type.rank) + list(x.type.shape)
+    sizes = tuple(s if t == 1 else t for s, t in zip(src, target))  # ONNX broadcasts both ways
+    if rank > x.type.rank:
+        x = cx.emit("reshape", [x], shape=tuple(src))
+    return cx.emit("expand", [x], sizes=sizes)
+
+
+@converts("Concat")
+def _concat(cx, n):
+    xs = [cx.tensor(x) for x in n.ins if not (isinstance(x, np.ndarray) and x.size == 0 and x.ndim == 1)]
+    return xs[0] if len(xs) == 1 else cx.emit("cat", xs, dim=n.attrs["axis"])
+
+
+@converts("Slice")
+def _slice(cx, n):
+    x = cx.tensor(n.ins[0])
+    starts, ends, axes, steps = _slice_args(cx, n, x.type.rank)
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        if not isinstance(st, int) or st < 1:
+            raise Unsupported(f"Slice with step {st} (symfuse slices forwards)")
+        x = cx.emit("slice", [x], dim=a, start=s, end=e, step=st)
+    return x
+
+
+@converts("Split")
+def _split(cx, n):
+    x = cx.tensor(n.ins[0])
+    axis = n.attrs.get("axis", 0) % x.type.rank
+    d = x.type.shape[axis]
+    if n.input(1) is not None:
+        sizes = list(cx.dims(n.input(1), "Split's sizes"))
+    elif "split" in n.attrs:
+        sizes = [dim(int(s)) for s in n.attrs["split"]]
+    else:
+        k = n.attrs.get("num_outputs", len(n.proto.output))
+        size = ceildiv(d, k)
+        sizes = [size] * (k - 1) + [d - size * (k - 1)]
+    out, start = [], dim(0)
+    for s in sizes:
+        out.append(cx.emit("slice", [x], dim=axis, start=start, end=start + s, step=1))
+        start = start + s
+    return tuple(out)
+
+
+@converts("Gather")
+def _gather(cx, n):
+    data, idx = n.ins
+    axis = n.attrs.get("axis", 0)
+    if isinstance(idx, np.ndarray) and idx.dtype != object:
+        x = cx.tensor(data)
+        axis %= x.type.rank
+        size = x.type.shape[axis]
+        if (idx < 0).any():
+            if not size.is_Integer:
+                raise Unsupported(f"Gather with negative indices along dynamic dim {axis}")
+            idx = np.where(idx < 0, idx + int(size), idx)
+        if idx.ndim == 0:
+            return cx.emit("select", [x], dim=axis, index=int(idx))
+        return cx.emit("index", [x, cx.tensor(idx.astype(np.int64))], dims=(axis,))
+    idx = cx.tensor(idx)
+    if isinstance(data, np.ndarray) and data.ndim == 2 and axis % 2 == 0:
+        return cx.emit("embedding", [cx.tensor(data), idx])
+    x = cx.tensor(data)
+    return cx.emit("index", [x, idx], dims=(axis % x.type.rank,))
+
+
+@converts("GatherElements")
+def _gather_elements(cx, n):
+    return cx.emit("gather", [cx.tensor(n.ins[0]), cx.tensor(n.ins[1])], dim=n.attrs.get("axis", 0))
+
+
+@converts("GatherND")
+def _gather_nd(cx, n):
+    if n.attrs.get("batch_dims", 0):
+        raise Unsupported("GatherND with batch_dims")
+    x, idx = cx.tensor(n.ins[0]), cx.tensor(n.ins[1])
+    k = idx.type.shape[-1]
+    if not k.is_Integer:
+        raise Unsupported("GatherND whose index depth is dynamic")
+    parts = [cx.emit("select", [idx], dim=-1, index=j) for j in range(int(k))]
+    return cx.emit("index", [x, *parts], dims=tuple(range(int(k))))
+
+
+# -- reductions -------------------------------------------------------------------------------
+
+
+@converts("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin")
+def _reduce(cx, n):
+    x = cx.tensor(n.ins[0])
+    axes = _axes(cx, n, 1)
+    if not axes:
+        if n.attrs.get("noop_with_empty_axes", 0):
+            return x
+        axes = list(range(x.type.rank))
+    keep = bool(n.attrs.get("keepdims", 1))
+    op = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "amax", "ReduceMin": "amin"}[n.op]
+    extra = {"dtype": None} if op in ("mean", "sum") else {}
+    return cx.emit(op, [x], dims=tuple(axes), keepdim=keep, **extra)
+
+
+def _safe_softmax_pattern(cx, n) -> tuple[str, str] | None:
+    """`Where(IsNaN(p), 0, p)` on the softmax's output `p`: what exporters write for torch's
+    safe softmax (a row that attends to nothing gives zeros, not NaN)."""
+    out = n.proto.output[0]
+    users = cx.consumers.get(out, [])
+    isnan = [u for u in users if u.op_type == "IsNaN"]
+    where = [u for u in users if u.op_type == "Where"]
+    if len(users) != 2 or len(isnan) != 1 or len(where) != 1:
+        return None
+    w = where[0]
+    if w.input[0] != isnan[0].output[0] or w.input[2] != out or len(cx.consumers.get(isnan[0].output[0], [])) != 1:
+        return None
+    zero = cx.env.get(w.input[1])
+    if not (isinstance(zero, np.ndarray) and zero.size == 1 and zero.dtype != object and float(zero.reshape(-1)[0]) == 0):
+        return None
+    return isnan[0].output[0], w.output[0]
+
+
+@converts("Softmax", "LogSoftmax")
+def _softmax(cx, n):
+    x = cx.tensor(n.ins[0])
+    axis = n.attrs.get("axis", -1)
+    if n.opset < 13 and x.type.rank > 1 and axis % x.type.rank != x.type.rank - 1:
+        raise Unsupported("Softmax before opset 13 over a non-last axis (it flattens)")
+    if n.op == "Softmax":
+        pattern = _safe_softmax_pattern(cx, n)
+        if pattern is not None:
+            y = cx.emit("safe_softmax", [x], dim=axis)
+            cx.env[pattern[0]] = _TAKEN
+            cx.env[pattern[1]] = y
+            return y
+    return cx.emit("softmax" if n.op == "Softmax" else "log_softmax", [x], dim=axis)
+
+
+@converts("LayerNormalization")
+def _layer_norm(cx, n):
+    if n.used(1) or n.used(2):
+        raise Unsupported("LayerNormalization's mean and inverse standard deviation outputs")
+    x = cx.tensor(n.ins[0])
+    axis = n.attrs.get("axis", -1) % x.type.rank
+    w = cx.tensor(n.input(1)) if n.input(1) is not None else None
+    bias = cx.tensor(n.input(2)) if n.input(2) is not None else None
+    return cx.emit(
+        "layer_norm", [x, w, bias], normalized_shape=tuple(x.type.shape[axis:]), eps=float(n.attrs.get("epsilon", 1e-5))
+    )
+
+
+@converts("CumSum")
+def _cumsum(cx, n):
+    if n.attrs.get("exclusive", 0) or n.attrs.get("reverse", 0):
+        raise Unsupported("CumSum with exclusive or reverse")
+    axis = cx.ints(n.ins[1], "CumSum's axis")[0]
+    return cx.emit("cumsum", [cx.tensor(n.ins[0])], dim=int(axis), dtype=None)
+
+
+@converts("BatchNormalization")
+def _batch_norm(cx, n):
+    if n.attrs.get("training_mode", 0) or n.used(1):
+        raise Unsupported("BatchNormalization in training mode")
+    x, w, b, mean, var = (cx.tensor(v) for v in n.ins[:5])
+    return cx.emit("batch_norm", [x, w, b, mean, var], eps=float(n.attrs.get("epsilon", 1e-5)))
+
+
+# -- pooling and convolution ------------------------------------------------------------------------
+
+
+def _pads2d(cx, n, kernel, strides, dilations) -> tuple[int, int]:
+    auto = n.attrs.get("auto_pad", "NOTSET")
+    if auto == "VALID":
+        return (0, 0)
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        total = [(k - 1) * d for k, d in zip(kernel, dilations)]
+        if any(s != 1 for s in strides) or any(t % 2 for t in total):
+            raise Unsupported(f"{n.op} with auto_pad={auto} that pads unevenly")
+        return (total[0] // 2, total[1] // 2)
+    pads = [int(p) for p in n.attrs.get("pads", [0, 0, 0, 0])]
+    if pads[0] != pads[2] or pads[1] != pads[3]:
+        raise Unsupported(f"{n.op} with uneven padding {pads}")
+    return (pads[0], pads[1])
+
+
+def _spatial(cx, n, x, what: str) -> None:
+    if x.type.rank != 4:
+        raise Unsupported(f"{what} over {x.type.rank - 2} spatial dims (symfuse has the 2-D form)")
+
+
+@converts("Conv")
+def _conv(cx, n):
+    x, w = cx.tensor(n.ins[0]), cx.tensor(n.ins[1])
+    _spatial(cx, n, x, "Conv")
+    bias = cx.tensor(n.input(2)) if n.input(2) is not None else None
+    kernel = [int(k) for k in n.attrs.get("kernel_shape", [int(d) for d in w.type.shape[2:]])]
+    strides = tuple(int(s) for s in n.attrs.get("strides", [1, 1]))
+    dil = tuple(int(d) for d in n.attrs.get("dilations", [1, 1]))
+    pad = _pads2d(cx, n, kernel, strides, dil)
+    return cx.emit(
+        "conv2d", [x, w, bias], stride=strides, padding=pad, dilation=dil, groups=int(n.attrs.get("group", 1))
+    )
+
+
+@converts("MaxPool", "AveragePool")
+def _pool(cx, n):
+    x = cx.tensor(n.ins[0])
+    _spatial(cx, n, x, n.op)
+    if n.attrs.get("ceil_mode", 0):
+        raise Unsupported(f"{n.op} with ceil_mode=1")
+    if n.used(1):
+        raise Unsupported("MaxPool's indices output")
+    k = tuple(int(v) for v in n.attrs["kernel_shape"])
+    strides = tuple(int(s) for s in n.attrs.get("strides", [1, 1]))
+    dil = tuple(int(d) for d in n.attrs.get("dilations", [1, 1]))
+    pad = _pads2d(cx, n, k, strides, dil)
+    if n.op == "MaxPool":
+        return cx.emit("max_pool2d", [x], kernel_size=k, stride=strides, padding=pad, dilation=dil)
+    if dil != (1, 1):
+        raise Unsupported("AveragePool with dilations")
+    return cx.emit(
+        "avg_pool2d", [x], kernel_size=k, stride=strides, padding=pad,
+        count_include_pad=bool(n.attrs.get("count_include_pad", 0)), divisor_override=None,
+    )  # fmt: skip
+
+
+@converts("GlobalAveragePool", "GlobalMaxPool")
+def _global_pool(cx, n):
+    x = cx.tensor(n.ins[0])
+    _spatial(cx, n, x, n.op)
+    if n.op == "GlobalAveragePool":
+        return cx.emit("adaptive_avg_pool2d", [x], output_size=(1, 1))
+    return cx.emit("amax", [x], dims=(2, 3), keepdim=True)
+
+
+# -- compute-intensive ------------------------------------------------------------------------------
+
+
+def _vec_matmul(cx, a: Value, b: Value) -> Value:
+    """numpy's matmul on symfuse's (rank >= 2) one: a 1-D operand gets a unit dim and loses it."""
+    squeeze = []
+    if a.type.rank == 1:
+        a = cx.emit("reshape", [a], shape=(dim(1), a.type.shape[0]))
+        squeeze.append(-2)
+    if b.type.rank == 1:
+        b = cx.emit("reshape", [b], shape=(b.type.shape[0], dim(1)))
+        squeeze.append(-1)
+    y = cx.emit("matmul", [a, b])
+    if squeeze:
+        keep = [d for i, d in enumerate(y.type.shape) if i - y.type.rank not in squeeze]
+        y = cx.emit("reshape", [y], shape=tuple(keep))
+    return y
+
+
+@converts("MatMul")
+def _matmul(cx, n):
+    return _vec_matmul(cx, cx.tensor(n.ins[0]), cx.tensor(n.ins[1]))
+
+
+@converts("Gemm")
+def _gemm(cx, n):
+    a, b, c = n.input(0), n.input(1), n.input(2)
+    alpha, beta = float(n.attrs.get("alpha", 1.0)), float(n.attrs.get("beta", 1.0))
+    x = cx.tensor(a)
+    if n.attrs.get("transA", 0):
+        x = cx.emit("permute", [x], dims=(1, 0))
+    if isinstance(b, np.ndarray) and b.dtype != object:  # a constant weight: nn.Linear's form
+        w = b if n.attrs.get("transB", 0) else b.T
+        w = np.ascontiguousarray(w * np.asarray(alpha, w.dtype) if alpha != 1.0 else w)
+        bias = None
+        if isinstance(c, np.ndarray) and c.dtype != object and c.size == w.shape[0] and c.ndim <= 2:
+            bias, c = np.ascontiguousarray((c * np.asarray(beta, c.dtype) if beta != 1.0 else c).reshape(-1)), None
+        y = cx.emit("linear", [x, cx.tensor(w), cx.tensor(bias) if bias is not None else None])
+    else:
+        y = cx.tensor(b)
+        if n.attrs.get("transB", 0):
+            y = cx.emit("permute", [y], dims=(1, 0))
+        y = cx.emit("matmul", [x, y])
+        if alpha != 1.0:
+            y = cx.emit("mul", [y, cx.b.scalar(alpha, y.type.dtype)])
+    if c is not None:
+        cv = cx.tensor(c)
+        if beta != 1.0:
+            cv = cx.emit("mul", [cv, cx.b.scalar(beta, cv.type.dtype)])
+        y = cx.emit("add", [y, cv])
+    return y
+
+
+@converts("LSTM")
+def _lstm(cx, n):
+    a = n.attrs
+    if a.get("layout", 0) or a.get("input_forget", 0) or "clip" in a or "activations" in a:
+        raise Unsupported("LSTM with layout=1, input_forget, clip or custom activations")
+    direction = a.get("direction", "forward")
+    if direction == "reverse":
+        raise Unsupported("LSTM with direction=reverse")
+    if n.input(4) is not None or n.input(7) is not None:
+        raise Unsupported("LSTM with sequence_lens or peepholes")
+    x = cx.tensor(n.ins[0])
+    W = cx.known(n.ins[1], "LSTM's W")
+    R = cx.known(n.ins[2], "LSTM's R")
+    B = n.input(3)
+    H = int(a["hidden_size"])
+    gates = np.concatenate([np.arange(k * H, (k + 1) * H) for k in (0, 2, 3, 1)])  # ONNX iofc -> torch ifgo
+    params = []
+    for d in range(W.shape[0]):
+        params += [cx.tensor(np.ascontiguousarray(W[d][gates])), cx.tensor(np.ascontiguousarray(R[d][gates]))]
+        if B is not None:
+            bias = cx.known(B, "LSTM's B")[d]
+            params += [cx.tensor(np.ascontiguousarray(bias[:4 * H][gates])),
+                       cx.tensor(np.ascontiguousarray(bias[4 * H:][gates]))]  # fmt: skip
+    h0 = cx.tensor(n.input(5)) if n.input(5) is not None else None
+    c0 = cx.tensor(n.input(6)) if n.input(6) is not None else None
+    bi = direction == "bidirectional"
+    y, h, c = cx.emit_multi(
+        "lstm", [x, h0, c0, *params], num_layers=1, bidirectional=bi, batch_first=False,
+        has_biases=B is not None, hidden_size=H,
+    )  # fmt: skip
+    T, Bn = x.type.shape[0], x.type.shape[1]
+    D = 2 if bi else 1
+    y = cx.emit("permute", [cx.emit("reshape", [y], shape=(T, Bn, dim(D), dim(H)))], dims=(0, 2, 1, 3))
+    return y, h, c
+
+
+__all__ = ["FOLD", "ONNX_OPS", "OnnxNode"]
