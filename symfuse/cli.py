@@ -203,6 +203,8 @@ def cmd_bench(args) -> int:
     from symfuse.bench.engines import ENGINES
 
     engines = list(ENGINES) if args.engines == "all" else [e.strip() for e in args.engines.split(",")]
+    ours = {"torch": ["symfuse"], "onnx": ["symfuse-onnx"], "both": ["symfuse", "symfuse-onnx"]}[args.source]
+    engines = ours + [e for e in engines if not e.startswith("symfuse")]
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
         raise ValueError(f"unknown engine(s) {', '.join(unknown)}; engines: {', '.join(ENGINES)}")
@@ -279,6 +281,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --isa: hold the peers' libraries to that ISA too, where they have a control for it "
         "(torch's engines; OpenVINO's oneDNN; not onnxruntime)",
+    )
+    b.add_argument(
+        "--from",
+        dest="source",
+        choices=("torch", "onnx", "both"),
+        default="torch",
+        help="symfuse captures the PyTorch model (torch), imports its ONNX export (onnx), or both side by side",
     )
     b.add_argument("--out", help="results folder (default symfuse-results/MODEL)")
     b.set_defaults(fn=cmd_bench)

@@ -191,6 +191,50 @@ BUILTIN: dict[str, Callable[[], ModelCase]] = {
 }
 
 
+def export_onnx(case: ModelCase, path: str) -> list[str]:
+    """Write `case`'s model to `path` as ONNX with its dynamic dims as named axes (`B`,
+    `S`, ...); returns the ONNX input names.
+
+    The torch.export-based exporter comes first; where it fails (its decompositions break
+    on some models, T5 among them) the TorchScript exporter is tried, with the same axes.
+    """
+    import logging
+    import sys
+    import warnings
+
+    from torch.export import Dim
+
+    example = case.inputs(**case.example)
+    tensors = {k: v for k, v in example.items() if isinstance(v, torch.Tensor)}
+    names: dict[str, Any] = {}
+    dyn = {
+        k: ({d: names.setdefault(str(s), Dim(str(s))) for d, s in case.dynamic.get(k, {}).items()} if k in tensors else None)
+        for k in example
+    }  # fmt: skip
+    quiet = logging.getLogger("torch.onnx"), logging.getLogger("onnxscript")
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                prog = torch.onnx.export(case.model, (), kwargs=example, dynamic_shapes=dyn, dynamo=True, verbose=False)
+                prog.save(path)
+            except Exception as first:  # noqa: BLE001
+                print(f"torch.export-based ONNX export failed ({type(first).__name__}); trying the TorchScript "
+                      "exporter", file=sys.stderr)  # fmt: skip
+                axes = {k: {d: str(s) for d, s in case.dynamic.get(k, {}).items()} for k in tensors}
+                torch.onnx.export(
+                    case.model, (), path, kwargs=tensors, input_names=list(tensors), dynamic_axes=axes,
+                    dynamo=False, opset_version=17,
+                )  # fmt: skip
+    finally:
+        for q, lv in zip(quiet, levels):
+            q.setLevel(lv)
+    return list(tensors)
+
+
 def load(name: str) -> ModelCase:
     try:
         return BUILTIN[name]()

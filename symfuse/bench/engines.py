@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from symfuse.models import export_onnx
+
 
 def flat_outputs(out: Any) -> list:
     if hasattr(out, "to_tuple"):
@@ -61,6 +63,23 @@ class Symfuse(Engine):
         return self._symfuse.compile_count() - self._base
 
 
+class SymfuseOnnx(Symfuse):
+    """symfuse importing the model's ONNX export (`symfuse bench --from onnx`)."""
+
+    name = "symfuse-onnx"
+    requires = ("onnxscript",)
+
+    def prepare(self, case, workdir):
+        import symfuse
+
+        path = os.path.join(workdir, f"{case.name}.onnx")
+        names = export_onnx(case, path)
+        self._symfuse = symfuse
+        self.compiled = symfuse.compile(path)
+        self._base = symfuse.compile_count()
+        return lambda inputs: flat_outputs(self.compiled(**{k: inputs[k] for k in names}))
+
+
 class TorchCompile(Engine):
     name = "torch-compile"
     freezing = False
@@ -91,43 +110,6 @@ class TorchCompile(Engine):
 class TorchCompileFreezing(TorchCompile):
     name = "torch-compile-freezing"
     freezing = True
-
-
-def export_onnx(case, path: str) -> list[str]:
-    """Export with dynamic axes; returns the input names.
-
-    The torch.export-based exporter comes first; where it fails (its decompositions break
-    on some models, T5 among them) the TorchScript exporter is tried, with the same axes.
-    """
-    import sys
-
-    from torch.export import Dim
-
-    example = case.inputs(**case.example)
-    tensors = {k: v for k, v in example.items() if isinstance(v, torch.Tensor)}
-    dyn = {k: ({d: Dim.AUTO for d in case.dynamic.get(k, {})} if k in tensors else None) for k in example}
-    try:
-        prog = torch.onnx.export(case.model, (), kwargs=example, dynamic_shapes=dyn, dynamo=True, verbose=False)
-        prog.save(path)
-    except Exception as first:  # noqa: BLE001
-        print(
-            f"torch.export-based ONNX export failed ({type(first).__name__}); trying the TorchScript exporter",
-            file=sys.stderr,
-        )
-        axes = {
-            k: {d: s if isinstance(s, str) else s.__name__ for d, s in case.dynamic.get(k, {}).items()} for k in tensors
-        }
-        torch.onnx.export(
-            case.model,
-            (),
-            path,
-            kwargs=tensors,
-            input_names=list(tensors),
-            dynamic_axes=axes,
-            dynamo=False,
-            opset_version=17,
-        )
-    return list(tensors)
 
 
 class OnnxRuntime(Engine):
@@ -179,6 +161,6 @@ class OpenVino(Engine):
 
 
 ENGINES: dict[str, type[Engine]] = {
-    e.name: e for e in (Symfuse, Eager, TorchCompile, TorchCompileFreezing, OnnxRuntime, OpenVino)
+    e.name: e for e in (Symfuse, SymfuseOnnx, Eager, TorchCompile, TorchCompileFreezing, OnnxRuntime, OpenVino)
 }
-PEERS = [n for n in ENGINES if n != "symfuse"]
+PEERS = [n for n in ENGINES if not n.startswith("symfuse")]

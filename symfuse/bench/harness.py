@@ -133,7 +133,7 @@ def engine_env(engine: str, isa: str, hold_peers: bool = False) -> dict[str, str
         return {}
     if isa not in ISA_ENV:
         raise ValueError(f"--isa {isa!r}: symfuse has {', '.join(ISA_ENV)}")
-    if engine == "symfuse":
+    if engine.startswith("symfuse"):
         return {"SYMFUSE_ISA": isa, **ISA_ENV[isa]}
     return dict(ISA_ENV[isa]) if hold_peers else {}
 
@@ -186,14 +186,14 @@ def median(xs: list[float]) -> float | None:
 def summarize(results: dict[str, EngineResult], bindings: list[dict[str, int]]) -> list[dict]:
     """One row per (engine, binding): median, min, error and ratio to the best peer.
 
-    Peers are every engine but symfuse; the ratio is an engine's median over the fastest
+    Peers are every engine but symfuse's own (captured or imported); the ratio is an engine's median over the fastest
     peer median at that shape (below 1 means faster than every peer).
     """
     rows = []
     for b in bindings:
         k = key(b)
         medians = {n: median(r.times.get(k, [])) for n, r in results.items()}
-        peer = [m for n, m in medians.items() if n != "symfuse" and m is not None]
+        peer = [m for n, m in medians.items() if not n.startswith("symfuse") and m is not None]
         best = min(peer) if peer else None
         for n, r in results.items():
             m = medians[n]
@@ -259,9 +259,10 @@ def run(
         for n, w in workers.items():
             st = w.request({"cmd": "stats"})
             results[n].recompiles, results[n].peak_rss_mb = st.get("recompiles"), st.get("peak_rss_mb")
-        if cfg.profile and "symfuse" in workers:
-            progress("profiling symfuse")
-            profile = workers["symfuse"].request({"cmd": "profile", "binding": cfg.bindings[-1]}).get("profile")
+        ours = next((n for n in workers if n.startswith("symfuse")), None)
+        if cfg.profile and ours:
+            progress(f"profiling {ours}")
+            profile = workers[ours].request({"cmd": "profile", "binding": cfg.bindings[-1]}).get("profile")
     finally:
         for w in workers.values():
             w.close()

@@ -76,7 +76,7 @@ def profile_symfuse(compiled, inputs: dict) -> list[dict]:
     from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep
 
     be = compiled.native
-    tensors = compiled._inputs((), inputs)
+    tensors = compiled._inputs((), {k: v for k, v in inputs.items() if k in compiled.captured.input_names})
     binding = compiled.guard(tensors)
     runs = [dict(be.program.profile(tensors, binding)[0]) for _ in range(5)]
     sched = be.schedule

@@ -1,0 +1,409 @@
+"""ONNX import: each mapped op on a small hand-built graph against onnxruntime at several
+shapes (compiled once), shape chains that stay symbolic, and the errors users see."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto as TP
+from onnx import helper as oh
+from onnx import numpy_helper
+
+import symfuse
+from symfuse.errors import UnsupportedOpsError
+
+ort = pytest.importorskip("onnxruntime")
+
+F, I64, BOOL = TP.FLOAT, TP.INT64, TP.BOOL
+BINDINGS = [dict(N=1, S=1), dict(N=2, S=7), dict(N=3, S=16), dict(N=1, S=13)]
+
+
+def model(nodes, inputs, outputs, inits=(), opset=18):
+    """inputs/outputs: (name, elem type, shape with symbol names)."""
+    g = oh.make_graph(
+        nodes,
+        "t",
+        [oh.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [oh.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in dict(inits).items()],
+    )
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", opset)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def feed_for(m, binding, rng):
+    feed = {}
+    for i in m.graph.input:
+        tt = i.type.tensor_type
+        shape = [binding[d.dim_param] if d.dim_param else d.dim_value for d in tt.shape.dim]
+        if tt.elem_type == I64:
+            feed[i.name] = rng.integers(0, 5, size=shape).astype(np.int64)
+        elif tt.elem_type == BOOL:
+            feed[i.name] = rng.random(shape) > 0.5
+        else:
+            feed[i.name] = rng.standard_normal(shape).astype(np.float32)
+    return feed
+
+
+def check(m, bindings=BINDINGS, backend="reference", tol=1e-4):
+    before = symfuse.compile_count()
+    compiled = symfuse.compile(m, backend=backend)
+    assert symfuse.compile_count() == before + 1
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    for b in bindings:
+        feed = feed_for(m, b, rng)
+        want = sess.run(None, feed)
+        got = compiled(**{k: torch.from_numpy(v) for k, v in feed.items()})
+        assert isinstance(got, tuple) and len(got) == len(want)
+        for w, g in zip(want, got):
+            g = g.numpy()
+            assert g.shape == w.shape, (b, g.shape, w.shape)
+            if w.dtype.kind == "f":
+                np.testing.assert_allclose(g, w, rtol=tol, atol=tol * max(1.0, float(np.abs(w).max(initial=0))))
+            else:
+                np.testing.assert_array_equal(g, w)
+    assert symfuse.compile_count() == before + 1  # every shape ran on the one compiled program
+    return compiled
+
+
+X = ("x", F, ["N", "S"])
+Y = ("y", F, ["N", "S"])
+
+
+@pytest.mark.parametrize(
+    "op", ["Abs", "Neg", "Exp", "Tanh", "Sigmoid", "Erf", "Sin", "Cos", "Relu", "Reciprocal", "Sqrt", "Log"]
+)
+def test_unary(op):
+    nodes = [oh.make_node("Abs", ["x"], ["a"]), oh.make_node("Add", ["a", "one"], ["p"]), oh.make_node(op, ["p"], ["y"])]
+    check(model(nodes, [X], [Y], {"one": np.float32(1.0)}))
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum"])
+def test_binary_float_with_broadcast(op):
+    nodes = [oh.make_node("Abs", ["x"], ["a"]), oh.make_node(op, ["a", "b"], ["y"])]
+    check(model(nodes, [X, ("b", F, ["S"])], [Y]))
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
+def test_binary_int(op):
+    nodes = [oh.make_node(op, ["x", "three"], ["y"])]
+    check(model(nodes, [("x", I64, ["N", "S"])], [("y", I64, ["N", "S"])], {"three": np.int64(-3)}))
+
+
+@pytest.mark.parametrize("op", ["Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"])
+def test_compare_and_where(op):
+    nodes = [
+        oh.make_node(op, ["x", "b"], ["c"]),
+        oh.make_node("Not", ["c"], ["nc"]),
+        oh.make_node("And", ["c", "nc"], ["z"]),
+        oh.make_node("Or", ["z", "c"], ["c2"]),
+        oh.make_node("Where", ["c2", "x", "zero"], ["y"]),
+    ]
+    check(model(nodes, [X, ("b", F, [1, "S"])], [Y], {"zero": np.float32(0.0)}))
+
+
+def test_pow_scalar_clip_cast_identity_dropout():
+    nodes = [
+        oh.make_node("Pow", ["x", "two"], ["p"]),
+        oh.make_node("Clip", ["p", "lo", "hi"], ["c"]),
+        oh.make_node("Cast", ["c"], ["i"], to=I64),
+        oh.make_node("Cast", ["i"], ["f"], to=F),
+        oh.make_node("Identity", ["f"], ["d0"]),
+        oh.make_node("Dropout", ["d0"], ["y"]),
+    ]
+    check(model(nodes, [X], [Y], {"two": np.float32(2.0), "lo": np.float32(0.5), "hi": np.float32(3.0)}))
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        oh.make_node("LeakyRelu", ["x"], ["y"], alpha=0.1),
+        oh.make_node("HardSigmoid", ["x"], ["y"], alpha=0.3, beta=0.4),
+        oh.make_node("HardSwish", ["x"], ["y"]),
+        oh.make_node("Gelu", ["x"], ["y"]),
+        oh.make_node("Gelu", ["x"], ["y"], approximate="tanh"),
+    ],
+    ids=["leaky_relu", "hard_sigmoid", "hard_swish", "gelu", "gelu_tanh"],
+)
+def test_activations(node):
+    check(model([node], [X], [Y], opset=20))
+
+
+def test_isnan_where():
+    nodes = [
+        oh.make_node("Div", ["x", "x"], ["q"]),  # 0/0 where x == 0
+        oh.make_node("IsNaN", ["q"], ["n"]),
+        oh.make_node("Where", ["n", "zero", "q"], ["y"]),
+    ]
+    check(model(nodes, [X], [Y], {"zero": np.float32(0.0)}))
+
+
+def test_shape_chain_reshape_stays_symbolic():
+    """Shape -> Gather -> Mul -> Unsqueeze -> Concat -> Reshape: the target shape is the
+    symbolic [N*S], never a tensor computed at run time."""
+    nodes = [
+        oh.make_node("Shape", ["x"], ["s"]),
+        oh.make_node("Gather", ["s", "i0"], ["n"], axis=0),
+        oh.make_node("Gather", ["s", "i1"], ["k"], axis=0),
+        oh.make_node("Mul", ["n", "k"], ["nk"]),
+        oh.make_node("Unsqueeze", ["nk", "ax0"], ["nk1"]),
+        oh.make_node("Concat", ["nk1", "four"], ["shape"], axis=0),
+        oh.make_node("Reshape", ["x4", "shape"], ["y"]),
+    ]
+    inputs = [X, ("x4", F, ["N", "S", 4])]
+    m = model(nodes, inputs, [("y", F, ["NS", 4])], {"i0": np.int64(0), "i1": np.int64(1), "ax0": np.array([0]),
+                                                       "four": np.array([4])})  # fmt: skip
+    c = check(m)
+    ops = [n.op for n in c.graph.nodes]
+    assert ops == ["reshape"], ops
+    assert str(c.graph.outputs[0].type.shape[0]) == "N*S"
+
+
+def test_reshape_zero_and_minus_one_flatten_transpose():
+    nodes = [
+        oh.make_node("Reshape", ["x", "shape"], ["r"]),  # [N, S, 2, 3] -> [N, S, 6] with 0 and -1
+        oh.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1]),
+        oh.make_node("Flatten", ["t"], ["y"], axis=1),
+    ]
+    m = model(nodes, [("x", F, ["N", "S", 2, 3])], [("y", F, ["N", "M"])], {"shape": np.array([0, 0, -1])})
+    check(m)
+
+
+def test_unsqueeze_squeeze_expand_concat():
+    nodes = [
+        oh.make_node("Unsqueeze", ["x", "axes"], ["u"]),  # [N, 1, S]
+        oh.make_node("Shape", ["x"], ["s"]),
+        oh.make_node("Concat", ["s1", "s"], ["target"], axis=0),  # [3, N, S] (bidirectional broadcast)
+        oh.make_node("Expand", ["u", "target3"], ["e"]),  # [N, 3, S]
+        oh.make_node("Squeeze", ["u", "axes"], ["back"]),
+        oh.make_node("Concat", ["e", "u"], ["y"], axis=1),
+        oh.make_node("Identity", ["back"], ["z"]),
+    ]
+    inits = {"axes": np.array([1]), "s1": np.array([3]), "target3": np.array([1, 3, 1])}
+    m = model(nodes, [X], [("y", F, ["N", 4, "S"]), ("z", F, ["N", "S"])], inits)
+    check(m)
+
+
+def test_slice_with_symbolic_ends_and_split():
+    nodes = [
+        oh.make_node("Shape", ["x"], ["s"]),
+        oh.make_node("Slice", ["s", "i1", "i2"], ["send"]),  # [S]
+        oh.make_node("Slice", ["table", "z1", "send", "ax1"], ["rows"]),  # table[:, :S]
+        oh.make_node("Add", ["x", "rows"], ["a"]),
+        oh.make_node("Slice", ["a", "m2", "big", "ax1", "step"], ["tail"]),  # a[:, -2::2]... step 1
+        oh.make_node("Split", ["table", "sizes"], ["p", "q"], axis=1),
+    ]
+    inits = {
+        "table": np.random.default_rng(1).standard_normal((1, 64)).astype(np.float32),
+        "i1": np.array([1]), "i2": np.array([2]), "z1": np.array([0]), "ax1": np.array([1]),
+        "m2": np.array([-2]), "big": np.array([2**63 - 1]), "step": np.array([1]), "sizes": np.array([24, 40]),
+    }  # fmt: skip
+    m = model(nodes, [X], [("tail", F, ["N", "T"]), ("p", F, [1, 24]), ("q", F, [1, 40])], inits)
+    check(m)
+
+
+def test_gathers():
+    nodes = [
+        oh.make_node("Gather", ["emb", "ids"], ["e"], axis=0),  # an embedding lookup
+        oh.make_node("Gather", ["e", "i1"], ["g1"], axis=2),  # a constant index: select
+        oh.make_node("Gather", ["e", "idx"], ["g2"], axis=2),  # constant indices
+        oh.make_node("Unsqueeze", ["ids", "last"], ["ids1"]),
+        oh.make_node("GatherElements", ["e", "ids1"], ["ge"], axis=2),
+        oh.make_node("GatherND", ["tab", "ids1"], ["gnd"]),
+    ]
+    inits = {
+        "emb": np.random.default_rng(2).standard_normal((5, 6)).astype(np.float32),
+        "tab": np.random.default_rng(3).standard_normal((5, 3)).astype(np.float32),
+        "i1": np.int64(-1), "idx": np.array([[0, 2], [5, 1]]), "last": np.array([-1]),
+    }  # fmt: skip
+    outs = [("g1", F, ["N", "S"]), ("g2", F, ["N", "S", 2, 2]), ("ge", F, ["N", "S", 1]), ("gnd", F, ["N", "S", 3])]
+    check(model(nodes, [("ids", I64, ["N", "S"])], outs, inits))
+
+
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize("keep", [0, 1])
+def test_reductions(op, keep):
+    nodes = [oh.make_node(op, ["x", "axes"], ["y"], keepdims=keep)]
+    out = ("y", F, ["N", 1] if keep else ["N"])
+    check(model(nodes, [X], [out], {"axes": np.array([-1])}))
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_softmax(op, axis):
+    check(model([oh.make_node(op, ["x"], ["y"], axis=axis)], [X], [Y]))
+
+
+def test_safe_softmax_pattern_becomes_one_op():
+    """Softmax -> IsNaN -> Where(0): exporters' form of torch's safe softmax; a fully masked
+    row gives zeros."""
+    nodes = [
+        oh.make_node("Where", ["mask", "x", "ninf"], ["masked"]),
+        oh.make_node("Softmax", ["masked"], ["p"], axis=-1),
+        oh.make_node("IsNaN", ["p"], ["n"]),
+        oh.make_node("Where", ["n", "zero", "p"], ["y"]),
+    ]
+    m = model(nodes, [X, ("mask", BOOL, ["N", "S"])], [Y], {"ninf": np.float32(-np.inf), "zero": np.float32(0)})
+    c = check(m)
+    assert [n.op for n in c.graph.nodes if n.op != "full"] == ["where", "safe_softmax"]
+
+
+def test_layer_norm_cumsum_range_constant_of_shape():
+    nodes = [
+        oh.make_node("LayerNormalization", ["x", "w", "b"], ["ln"], axis=-1, epsilon=1e-5),
+        oh.make_node("Shape", ["x"], ["s"]),
+        oh.make_node("Gather", ["s", "i1"], ["n"], axis=0),
+        oh.make_node("Range", ["z", "n", "one"], ["r"]),  # arange(S)
+        oh.make_node("Slice", ["s", "z1", "two"], ["s2"]),
+        oh.make_node("ConstantOfShape", ["s2"], ["ones"], value=numpy_helper.from_array(np.array([1], np.int64))),
+        oh.make_node("CumSum", ["ones", "ax"], ["cs"]),
+        oh.make_node("Sub", ["cs", "r"], ["y"]),  # 1 everywhere
+        oh.make_node("Identity", ["ln"], ["z2"]),
+    ]
+    inits = {"w": np.linspace(0.5, 2, 7, dtype=np.float32), "b": np.linspace(-1, 1, 7, dtype=np.float32),
+             "i1": np.int64(1), "z": np.int64(0), "one": np.int64(1), "ax": np.int64(1), "z1": np.array([0]),
+             "two": np.array([2])}  # fmt: skip
+    m = model(nodes, [("x", F, ["N", "S", 7])], [("y", I64, ["N", "S"]), ("z2", F, ["N", "S", 7])], inits)
+    check(m)
+
+
+def test_matmul_gemm():
+    rng = np.random.default_rng(4)
+    nodes = [
+        oh.make_node("MatMul", ["x", "w"], ["mm"]),  # [N, S, 4] @ [4, 5]
+        oh.make_node("Add", ["mm", "bias"], ["lin"]),  # becomes a linear with its bias
+        oh.make_node("MatMul", ["lin", "v"], ["vec"]),  # @ [5]: a 1-D right operand
+        oh.make_node("Gemm", ["a", "gw", "gc"], ["g1"], transB=1, alpha=0.5, beta=2.0),
+        oh.make_node("Gemm", ["a", "bt"], ["g2"], transA=0),
+    ]
+    inits = {"w": rng.standard_normal((4, 5)).astype(np.float32), "bias": rng.standard_normal(5).astype(np.float32),
+             "v": rng.standard_normal(5).astype(np.float32), "gw": rng.standard_normal((6, 4)).astype(np.float32),
+             "gc": rng.standard_normal(6).astype(np.float32)}  # fmt: skip
+    inputs = [("x", F, ["N", "S", 4]), ("a", F, ["N", 4]), ("bt", F, [4, "S"])]
+    outs = [("vec", F, ["N", "S"]), ("g1", F, ["N", 6]), ("g2", F, ["N", "S"])]
+    c = check(model(nodes, inputs, outs, inits))
+    assert sum(n.op == "linear" for n in c.graph.nodes) == 2
+
+
+def test_conv_pools_batch_norm():
+    rng = np.random.default_rng(5)
+    C = 3
+    nodes = [
+        oh.make_node("Conv", ["x", "w", "cb"], ["c"], pads=[1, 1, 1, 1], strides=[1, 1]),
+        oh.make_node("BatchNormalization", ["c", "s", "bb", "mean", "var"], ["bn"]),
+        oh.make_node("Relu", ["bn"], ["r"]),
+        oh.make_node("MaxPool", ["r"], ["mp"], kernel_shape=[2, 2], strides=[2, 2]),
+        oh.make_node("AveragePool", ["r"], ["ap"], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),
+        oh.make_node("GlobalAveragePool", ["mp"], ["ga"]),
+        oh.make_node("GlobalMaxPool", ["ap"], ["gm"]),
+        oh.make_node("Add", ["ga", "gm"], ["y"]),
+    ]
+    inits = {"w": rng.standard_normal((4, C, 3, 3)).astype(np.float32), "cb": rng.standard_normal(4).astype(np.float32),
+             "s": rng.random(4).astype(np.float32) + 0.5, "bb": rng.standard_normal(4).astype(np.float32),
+             "mean": rng.standard_normal(4).astype(np.float32), "var": rng.random(4).astype(np.float32) + 0.5}  # fmt: skip
+    m = model(nodes, [("x", F, ["N", C, "H", "H"])], [("y", F, ["N", 4, 1, 1])], inits)
+    check(m, [dict(N=1, H=2), dict(N=2, H=7), dict(N=1, H=16)])
+
+
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_lstm(direction):
+    rng = np.random.default_rng(6)
+    D, H, In = (2 if direction == "bidirectional" else 1), 5, 3
+    inits = {"W": rng.standard_normal((D, 4 * H, In)).astype(np.float32) * 0.5,
+             "R": rng.standard_normal((D, 4 * H, H)).astype(np.float32) * 0.5,
+             "B": rng.standard_normal((D, 8 * H)).astype(np.float32) * 0.5}  # fmt: skip
+    nodes = [oh.make_node("LSTM", ["x", "W", "R", "B"], ["y", "yh", "yc"], hidden_size=H, direction=direction)]
+    outs = [("y", F, ["T", D, "N", H]), ("yh", F, [D, "N", H]), ("yc", F, [D, "N", H])]
+    check(model(nodes, [("x", F, ["T", "N", In])], outs, inits), [dict(T=1, N=1), dict(T=5, N=2), dict(T=9, N=3)])
+
+
+def test_cpu_backend_runs_an_imported_block():
+    """A small attention block (the shape chains exporters write, a safe softmax) on the
+    generated-code backend."""
+    rng = np.random.default_rng(7)
+    E, Hh = 8, 2
+    nodes = [
+        oh.make_node("MatMul", ["x", "wq"], ["q0"]),
+        oh.make_node("Shape", ["x"], ["s"]),
+        oh.make_node("Slice", ["s", "z", "two"], ["ns"]),
+        oh.make_node("Concat", ["ns", "heads"], ["hs"], axis=0),
+        oh.make_node("Reshape", ["q0", "hs"], ["q1"]),
+        oh.make_node("Transpose", ["q1"], ["q"], perm=[0, 2, 1, 3]),  # [N, H, S, E/H]
+        oh.make_node("Transpose", ["q"], ["kt"], perm=[0, 1, 3, 2]),
+        oh.make_node("MatMul", ["q", "kt"], ["sc"]),
+        oh.make_node("Mul", ["sc", "scale"], ["scs"]),
+        oh.make_node("Softmax", ["scs"], ["p"], axis=-1),
+        oh.make_node("IsNaN", ["p"], ["nan"]),
+        oh.make_node("Where", ["nan", "zero", "p"], ["pp"]),
+        oh.make_node("MatMul", ["pp", "q"], ["ctx"]),
+        oh.make_node("Transpose", ["ctx"], ["ct"], perm=[0, 2, 1, 3]),
+        oh.make_node("Reshape", ["ct", "back"], ["r"]),
+        oh.make_node("LayerNormalization", ["r", "lw"], ["y"], axis=-1),
+    ]
+    inits = {"wq": rng.standard_normal((E, E)).astype(np.float32), "z": np.array([0]), "two": np.array([2]),
+             "heads": np.array([Hh, E // Hh]), "scale": np.float32(0.5), "zero": np.float32(0.0),
+             "back": np.array([0, 0, E]), "lw": np.ones(E, np.float32)}  # fmt: skip
+    m = model(nodes, [("x", F, ["N", "S", E])], [("y", F, ["N", "S", E])], inits)
+    check(m, backend="cpu")
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+
+def test_unsupported_ops_listed_with_counts_and_nodes_before_compiling():
+    nodes = [
+        oh.make_node("Einsum", ["x", "x"], ["a"], equation="ij,ij->ij", name="e1"),
+        oh.make_node("Foo", ["a"], ["b"], domain="com.example", name="f1"),
+        oh.make_node("Foo", ["b"], ["y"], domain="com.example", name="f2"),
+    ]
+    g = oh.make_graph(nodes, "t", [oh.make_tensor_value_info("x", F, ["N", "S"])],
+                      [oh.make_tensor_value_info("y", F, ["N", "S"])])  # fmt: skip
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid("com.example", 1)])
+    before = symfuse.compile_count()
+    with pytest.raises(UnsupportedOpsError) as e:
+        symfuse.compile(m)
+    text = str(e.value)
+    assert "com.example.Foo: 2 node(s)" in text and "f1, f2" in text and "Einsum: 1 node(s)" in text
+    assert symfuse.compile_count() == before
+
+
+def test_data_dependent_shape_is_a_clear_error():
+    nodes = [oh.make_node("Reshape", ["x", "shape"], ["y"])]
+    m = model(nodes, [X, ("shape", I64, [2])], [Y])
+    with pytest.raises(UnsupportedOpsError, match=r"Reshape's shape must be known .* computed from input data"):
+        symfuse.compile(m)
+
+
+def test_missing_file_and_bad_arguments(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        symfuse.compile(str(tmp_path / "nope.onnx"))
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="not a readable ONNX model|not valid"):
+        symfuse.compile(str(bad))
+    m = model([oh.make_node("Relu", ["x"], ["y"])], [X], [Y])
+    with pytest.raises(ValueError, match="needs no example inputs"):
+        symfuse.compile(m, torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="dynamic names input 'z'"):
+        symfuse.compile(m, dynamic={"z": {0: "B"}})
+
+
+def test_older_opset_is_converted():
+    """Opset 11 writes Unsqueeze's axes as an attribute; the version converter lifts it."""
+    nodes = [oh.make_node("Unsqueeze", ["x"], ["u"], axes=[0]), oh.make_node("Relu", ["u"], ["y"])]
+    m = model(nodes, [X], [("y", F, [1, "N", "S"])], opset=11)
+    check(m)
+
+
+def test_dynamic_renames_and_bounds_dims_and_guard_names_them():
+    m = model([oh.make_node("Relu", ["x"], ["y"])], [("x", F, ["batch", 4])], [("y", F, ["batch", 4])])
+    c = symfuse.compile(m, dynamic={"x": {0: torch.export.Dim("B", min=1, max=8), 1: "C"}})
+    assert c.symbols == ["B", "C"]
+    assert c(torch.ones(8, 5))[0].shape == (8, 5)
+    with pytest.raises(ValueError, match="B"):
+        c(torch.ones(9, 4))
