@@ -154,7 +154,9 @@ def compile(  # noqa: A001
             raise ValueError("compiling a torch module needs example inputs (a tensor, a tuple or a dict)")
         captured = capture(model, example_inputs, dynamic)
     else:
-        raise TypeError(f"symfuse compiles a torch.nn.Module or an ONNX model (.onnx path or ModelProto), got {model!r}")
+        raise TypeError(
+            f"symfuse compiles a torch.nn.Module or an ONNX model (.onnx path or ModelProto), got {model!r}"
+        )
     verify(captured.graph)
     for p in PIPELINE:
         captured.graph = p(captured.graph, captured.store)

@@ -84,30 +84,82 @@ def cmd_demo(args) -> int:
     return 0
 
 
-def cmd_explain(args) -> int:
+def parse_dynamic_flags(flags: list[str] | None) -> dict[str, dict[int, str]] | None:
+    """`--dynamic input_ids:0=B,1=S` (repeatable) as `symfuse.compile`'s `dynamic`."""
+    if not flags:
+        return None
+    out: dict[str, dict[int, str]] = {}
+    for text in flags:
+        name, sep, dims = text.rpartition(":")
+        try:
+            if not sep or not name:
+                raise ValueError
+            out.setdefault(name, {}).update(
+                {int(d): sym.strip() for d, sym in (p.split("=", 1) for p in dims.split(",") if p.strip())}
+            )
+        except ValueError:
+            raise ValueError(f"--dynamic {text!r}: expected INPUT:DIM=NAME,..., e.g. input_ids:0=B,1=S") from None
+    return out
+
+
+def _compile_model(model: str, dynamic_flags: list[str] | None):
+    """A built-in model's name or an ONNX file, compiled; returns (name, module, example binding)."""
     import symfuse
+    from symfuse.frontend.onnx import is_onnx
     from symfuse.models import load
 
-    case = load(args.model)
-    compiled = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic)
+    dynamic = parse_dynamic_flags(dynamic_flags)
+    if is_onnx(model):
+        return os.path.basename(model), symfuse.compile(model, dynamic=dynamic), None
+    if dynamic is not None:
+        raise ValueError("--dynamic applies to ONNX files; a built-in model declares its own dynamic dims")
+    case = load(model)
+    return case.name, symfuse.compile(case.model, case.inputs(**case.example), case.dynamic), case.example
+
+
+def cmd_explain(args) -> int:
+    _, compiled, _ = _compile_model(args.target or args.model, args.dynamic)
     print(compiled.explain(with_graph=not args.no_graph, with_te=args.te))
     return 0
 
 
 def cmd_compile(args) -> int:
-    import symfuse
-    from symfuse.models import load
-
-    case = load(args.model)
     t0 = time.perf_counter()
-    compiled = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic)
+    name, compiled, example = _compile_model(args.target or args.model, args.dynamic)
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     compiled.save(args.out)
-    print(f"compiled {case.name} in {compile_s:.2f}s and saved it to {args.out} in {time.perf_counter() - t0:.2f}s")
+    print(f"compiled {name} in {compile_s:.2f}s and saved it to {args.out} in {time.perf_counter() - t0:.2f}s")
     print(f"target: {compiled.native.target.describe()}")
-    print(f"run it: symfuse run {args.out} --shape " + ",".join(f"{k}={v}" for k, v in case.example.items()))
+    example = example or {s: 8 for s in compiled.symbols}
+    print(f"run it: symfuse run {args.out} --shape " + ",".join(f"{k}={v}" for k, v in example.items()))
     return 0
+
+
+def _file_inputs(spec, given: list[str]) -> list[torch.Tensor]:
+    """`--input name=file.npy` for every input of the saved module."""
+    import numpy as np
+
+    files = {}
+    for text in given:
+        name, sep, path = text.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--input {text!r}: expected NAME=FILE.npy")
+        files[name] = path
+    names = [i.name for i in spec.inputs]
+    unknown = [n for n in files if n not in names]
+    if unknown:
+        raise ValueError(f"--input names {', '.join(unknown)}; the module's inputs are {', '.join(names)}")
+    missing = [n for n in names if n not in files]
+    if missing:
+        raise ValueError(f"--input must give every input; missing {', '.join(missing)}")
+    out = []
+    for n in names:
+        try:
+            out.append(torch.from_numpy(np.load(files[n], allow_pickle=False)))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"--input {n}={files[n]}: cannot read it as a .npy array ({e})") from None
+    return out
 
 
 def _random_inputs(spec, binding: dict[str, int]) -> list[torch.Tensor]:
@@ -139,16 +191,22 @@ def cmd_run(args) -> int:
     spec = module.guard_spec
     print("inputs: " + ", ".join(f"{i.name} {str(i.dtype).replace('torch.', '')}{list(i.dims)}" for i in spec.inputs))
     shapes = args.shape or []
-    if not shapes:
-        print("give --shape SYMBOL=VALUE,... to run it, e.g. --shape " + ",".join(f"{s}=8" for s in module.symbols))
+    if not shapes and not args.input:
+        print("give --shape SYMBOL=VALUE,... (random inputs) or --input NAME=FILE.npy for each input to run it, "
+              "e.g. --shape " + ",".join(f"{s}=8" for s in module.symbols))  # fmt: skip
         return 0
-    print(f"\n{'binding':<28}{'median ms':>10}  outputs")
+    runs = []
+    if args.input:
+        inputs = _file_inputs(spec, args.input)
+        runs.append((module.bind(*inputs), inputs))
     for text in shapes:
         try:
             binding = {k.strip(): int(v) for k, v in (p.split("=", 1) for p in text.split(",") if p.strip())}
         except ValueError:
             raise ValueError(f"--shape {text!r}: expected SYMBOL=INT,..., e.g. B=1,S=16") from None
-        inputs = _random_inputs(spec, binding)
+        runs.append((binding, _random_inputs(spec, binding)))
+    print(f"\n{'binding':<28}{'median ms':>10}  outputs")
+    for binding, inputs in runs:
         outs = module(*inputs)
         ms = harness.median(_times_ms(lambda inputs=inputs: module(*inputs), args.reps))
         flat = [o for o in torch.utils._pytree.tree_leaves(outs) if isinstance(o, torch.Tensor)]
@@ -253,8 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--reps", type=int, default=5, help="timed repetitions per shape (median is shown)")
     d.add_argument("--out", default=os.path.join("symfuse-results", "demo"), help="where the table and plot go")
     d.set_defaults(fn=cmd_demo)
-    e = sub.add_parser("explain", help="show the graph, shape classes and run-time checks of a built-in model")
-    e.add_argument("--model", default="bert-small")
+    e = sub.add_parser("explain", help="show the graph, shape classes, fusion and run-time checks of a model")
+    e.add_argument("target", nargs="?", help="a built-in model's name or an ONNX file (default: --model)")
+    e.add_argument("--model", default="bert-small", help="a built-in model (symfuse models lists them)")
+    e.add_argument("--dynamic", action="append", help="for an ONNX file: INPUT:DIM=NAME,... (repeatable)")
     e.add_argument("--no-graph", action="store_true", help="leave out the graph listing")
     e.add_argument("--te", action="store_true", help="also list the tensor-expression program")
     e.set_defaults(fn=cmd_explain)
@@ -291,13 +351,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     b.add_argument("--out", help="results folder (default symfuse-results/MODEL)")
     b.set_defaults(fn=cmd_bench)
-    c = sub.add_parser("compile", help="compile a built-in model and save it as an artifact folder")
-    c.add_argument("--model", default="bert-small")
+    c = sub.add_parser("compile", help="compile a built-in model or an ONNX file and save it as an artifact folder")
+    c.add_argument("target", nargs="?", help="a built-in model's name or an ONNX file (default: --model)")
+    c.add_argument("--model", default="bert-small", help="a built-in model (symfuse models lists them)")
+    c.add_argument(
+        "--dynamic",
+        action="append",
+        help="for an ONNX file: name or bound its dims, INPUT:DIM=NAME,... (repeatable), e.g. input_ids:0=B,1=S; "
+        "by default its dim_params are the symbols",
+    )
     c.add_argument("-o", "--out", required=True, help="the artifact folder to write")
     c.set_defaults(fn=cmd_compile)
-    r = sub.add_parser("run", help="load a saved artifact and run it on random inputs at given shapes")
+    r = sub.add_parser("run", help="load a saved artifact and run it on given inputs or random ones at given shapes")
     r.add_argument("artifact", help="a folder written by `symfuse compile` or CompiledModule.save")
     r.add_argument("--shape", action="append", help="SYMBOL=VALUE,... (repeatable), e.g. --shape B=1,S=16")
+    r.add_argument("--input", action="append", help="NAME=FILE.npy for each input (numpy's format)")
     r.add_argument("--reps", type=int, default=5, help="timed repetitions per shape (median is shown)")
     r.set_defaults(fn=cmd_run)
     v = sub.add_parser("serve", help="serve a saved artifact over HTTP on Ray Serve, with dynamic batching")
@@ -329,7 +397,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.fn(args)
-    except (ValueError, NotImplementedError, BuildError) as err:  # ArtifactError is a ValueError
+    except (
+        ValueError,
+        NotImplementedError,
+        BuildError,
+        FileNotFoundError,
+        TypeError,
+    ) as err:  # ArtifactError is a ValueError
         print(f"symfuse: error: {err}", file=sys.stderr)
         return 2
 

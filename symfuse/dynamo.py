@@ -138,7 +138,9 @@ def _plan(gm: torch.fx.GraphModule, example_inputs: list, state: list[bool]):
             expr = _example(what)
             expr = expr.node.expr if isinstance(expr, torch.SymInt) else None
             if expr not in symbol_at:
-                raise UnsupportedOpsError([("input", f"size argument {what.name} is not the size of a tensor input", "")])
+                raise UnsupportedOpsError(
+                    [("input", f"size argument {what.name} is not the size of a tensor input", "")]
+                )
             plan[k] = ("size", symbol_at[expr])
     gm.recompile()
     return plan, constants, tensors, names, dynamic

@@ -207,10 +207,9 @@ def export_onnx(case: ModelCase, path: str) -> list[str]:
     example = case.inputs(**case.example)
     tensors = {k: v for k, v in example.items() if isinstance(v, torch.Tensor)}
     names: dict[str, Any] = {}
-    dyn = {
-        k: ({d: names.setdefault(str(s), Dim(str(s))) for d, s in case.dynamic.get(k, {}).items()} if k in tensors else None)
-        for k in example
-    }  # fmt: skip
+    dyn: dict[str, Any] = {k: None for k in example}
+    for k in tensors:
+        dyn[k] = {d: names.setdefault(str(s), Dim(str(s))) for d, s in case.dynamic.get(k, {}).items()}
     quiet = logging.getLogger("torch.onnx"), logging.getLogger("onnxscript")
     levels = [q.level for q in quiet]
     for q in quiet:

@@ -32,3 +32,51 @@ def test_explain_lists_tensor_expressions(capsys):
     # the batch norm folded into the convolution, whose ReLU is its post-op
     assert "relu[i0, i1, i2, i3] = relu(conv2d[i0, i1, i2, i3])   for i0 < B" in out
     assert "oneDNN convolution; relu fused (oneDNN post-op)" in out
+
+
+def _onnx_file(tmp_path):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto as TP
+    from onnx import helper as oh
+    from onnx import numpy_helper
+
+    w = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3) / 10, "w")
+    g = oh.make_graph(
+        [oh.make_node("MatMul", ["x", "w"], ["h"]), oh.make_node("Relu", ["h"], ["y"])],
+        "tiny",
+        [oh.make_tensor_value_info("x", TP.FLOAT, ["batch", "seq", 4])],
+        [oh.make_tensor_value_info("y", TP.FLOAT, ["batch", "seq", 3])],
+        [w],
+    )
+    path = tmp_path / "tiny.onnx"
+    onnx.save(oh.make_model(g, opset_imports=[oh.make_opsetid("", 18)]), path)
+    return str(path)
+
+
+def test_onnx_compile_run_with_npy_inputs_and_explain(tmp_path, capsys):
+    import numpy as np
+
+    path = _onnx_file(tmp_path)
+    out_dir = str(tmp_path / "art")
+    assert main(["compile", path, "--dynamic", "x:0=B,1=S", "-o", out_dir]) == 0
+    assert "run it: symfuse run" in capsys.readouterr().out
+    np.save(tmp_path / "x.npy", np.ones((2, 5, 4), np.float32))
+    assert main(["run", out_dir, "--input", f"x={tmp_path / 'x.npy'}", "--shape", "B=1,S=3"]) == 0
+    out = capsys.readouterr().out
+    assert "B=2, S=5" in out and "(2, 5, 3)" in out and "B=1, S=3" in out and "(1, 3, 3)" in out
+    assert main(["explain", path, "--no-graph"]) == 0
+    out = capsys.readouterr().out
+    assert "imported from ONNX" in out and "batch in [1, inf]" in out
+
+
+def test_onnx_cli_mistakes_are_one_line_errors(tmp_path, capsys):
+    path = _onnx_file(tmp_path)
+    assert main(["compile", path, "--dynamic", "x0=B", "-o", str(tmp_path / "a")]) == 2
+    assert "expected INPUT:DIM=NAME" in capsys.readouterr().err
+    assert main(["explain", str(tmp_path / "missing.onnx")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["compile", path, "-o", str(tmp_path / "a")]) == 0
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "a"), "--input", "y=nothing.npy"]) == 2
+    assert "the module's inputs are x" in capsys.readouterr().err

@@ -79,7 +79,11 @@ Y = ("y", F, ["N", "S"])
     "op", ["Abs", "Neg", "Exp", "Tanh", "Sigmoid", "Erf", "Sin", "Cos", "Relu", "Reciprocal", "Sqrt", "Log"]
 )
 def test_unary(op):
-    nodes = [oh.make_node("Abs", ["x"], ["a"]), oh.make_node("Add", ["a", "one"], ["p"]), oh.make_node(op, ["p"], ["y"])]
+    nodes = [
+        oh.make_node("Abs", ["x"], ["a"]),
+        oh.make_node("Add", ["a", "one"], ["p"]),
+        oh.make_node(op, ["p"], ["y"]),
+    ]
     check(model(nodes, [X], [Y], {"one": np.float32(1.0)}))
 
 
@@ -303,9 +307,10 @@ def test_conv_pools_batch_norm():
         oh.make_node("GlobalMaxPool", ["ap"], ["gm"]),
         oh.make_node("Add", ["ga", "gm"], ["y"]),
     ]
-    inits = {"w": rng.standard_normal((4, C, 3, 3)).astype(np.float32), "cb": rng.standard_normal(4).astype(np.float32),
-             "s": rng.random(4).astype(np.float32) + 0.5, "bb": rng.standard_normal(4).astype(np.float32),
-             "mean": rng.standard_normal(4).astype(np.float32), "var": rng.random(4).astype(np.float32) + 0.5}  # fmt: skip
+    f32 = np.float32
+    inits = {"w": rng.standard_normal((4, C, 3, 3)).astype(f32), "cb": rng.standard_normal(4).astype(f32),
+             "s": rng.random(4).astype(f32) + 0.5, "bb": rng.standard_normal(4).astype(f32),
+             "mean": rng.standard_normal(4).astype(f32), "var": rng.random(4).astype(f32) + 0.5}  # fmt: skip
     m = model(nodes, [("x", F, ["N", C, "H", "H"])], [("y", F, ["N", 4, 1, 1])], inits)
     check(m, [dict(N=1, H=2), dict(N=2, H=7), dict(N=1, H=16)])
 

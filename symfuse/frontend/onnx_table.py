@@ -616,7 +616,9 @@ def _safe_softmax_pattern(cx, n) -> tuple[str, str] | None:
     if w.input[0] != isnan[0].output[0] or w.input[2] != out or len(cx.consumers.get(isnan[0].output[0], [])) != 1:
         return None
     zero = cx.env.get(w.input[1])
-    if not (isinstance(zero, np.ndarray) and zero.size == 1 and zero.dtype != object and float(zero.reshape(-1)[0]) == 0):
+    if not (
+        isinstance(zero, np.ndarray) and zero.size == 1 and zero.dtype != object and float(zero.reshape(-1)[0]) == 0
+    ):
         return None
     return isnan[0].output[0], w.output[0]
 

@@ -8,7 +8,6 @@ which promote exactly as torch promotes a Python scalar.
 from __future__ import annotations
 
 import sympy
-
 import torch
 import torch.nn.functional as F
 
