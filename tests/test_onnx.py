@@ -412,3 +412,16 @@ def test_dynamic_renames_and_bounds_dims_and_guard_names_them():
     assert c(torch.ones(8, 5))[0].shape == (8, 5)
     with pytest.raises(ValueError, match="B"):
         c(torch.ones(9, 4))
+
+
+def test_docs_list_every_mapped_op():
+    import pathlib
+    import re
+
+    from symfuse.frontend.onnx_table import FOLD, ONNX_OPS
+
+    text = pathlib.Path(__file__).parents[1].joinpath("docs", "frontends.md").read_text()
+    section = text.split("### Mapped ops", 1)[1].split("### Exports", 1)[0]
+    listed = set(re.findall(r"\b[A-Z][A-Za-z]+\b", section))
+    missing = (set(ONNX_OPS) | set(FOLD)) - listed
+    assert not missing, f"docs/frontends.md does not list {sorted(missing)}"
