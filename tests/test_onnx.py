@@ -425,3 +425,33 @@ def test_docs_list_every_mapped_op():
     listed = set(re.findall(r"\b[A-Z][A-Za-z]+\b", section))
     missing = (set(ONNX_OPS) | set(FOLD)) - listed
     assert not missing, f"docs/frontends.md does not list {sorted(missing)}"
+
+
+def test_symbolic_folding_of_shape_arithmetic():
+    """Size, ReduceProd, Div, Mod, Max, Equal and Where on dims fold at import: the
+    reshape target [N*S // 2, 2*(S % 1 + 1)] and the comparison's result are known."""
+    nodes = [
+        oh.make_node("Size", ["x"], ["n"]),  # N*S*2
+        oh.make_node("Shape", ["x"], ["s"]),
+        oh.make_node("ReduceProd", ["s"], ["p"], keepdims=0),  # N*S*2
+        oh.make_node("Div", ["p", "two"], ["half"]),  # N*S
+        oh.make_node("Mod", ["n", "two"], ["zero"]),  # 0
+        oh.make_node("Add", ["zero", "two"], ["two2"]),
+        oh.make_node("Max", ["two2", "one"], ["cols"]),  # 2
+        oh.make_node("Equal", ["s", "minus1"], ["isneg"]),  # all false: dims are >= 1
+        oh.make_node("Where", ["isneg", "one", "s"], ["s_again"]),
+        oh.make_node("Unsqueeze", ["half", "ax0"], ["h1"]),
+        oh.make_node("Unsqueeze", ["cols", "ax0"], ["c1"]),
+        oh.make_node("Concat", ["h1", "c1"], ["target"], axis=0),
+        oh.make_node("Reshape", ["x", "target"], ["y"]),
+        oh.make_node("Expand", ["x", "s_again"], ["z"]),
+        oh.make_node("BitwiseNot", ["ids"], ["nb"]),
+        oh.make_node("BitwiseAnd", ["ids", "nb"], ["zb"]),
+        oh.make_node("BitwiseOr", ["zb", "ids"], ["ob"]),
+        oh.make_node("CastLike", ["ob", "x"], ["w"]),
+    ]
+    inits = {"two": np.int64(2), "one": np.int64(1), "minus1": np.array([-1, -1, -1]), "ax0": np.array([0])}
+    inputs = [("x", F, ["N", "S", 2]), ("ids", I64, ["N", "S", 2])]
+    outs = [("y", F, ["A", 2]), ("z", F, ["N", "S", 2]), ("w", F, ["N", "S", 2])]
+    c = check(model(nodes, inputs, outs, inits))
+    assert str(c.graph.outputs[0].type.shape[0]) == "N*S"

@@ -303,12 +303,12 @@ def _size(cx, n):
 _UNARY = {
     "Abs": "abs", "Neg": "neg", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Reciprocal": "reciprocal",
     "Tanh": "tanh", "Sigmoid": "sigmoid", "Erf": "erf", "Sin": "sin", "Cos": "cos", "Relu": "relu",
-    "Not": "logical_not",
+    "Not": "logical_not", "BitwiseNot": "bitwise_not",
 }  # fmt: skip
 _BINARY = {
     "Add": "add", "Sub": "sub", "Mul": "mul", "Equal": "eq", "Less": "lt", "LessOrEqual": "le", "Greater": "gt",
     "GreaterOrEqual": "ge", "And": "logical_and", "Or": "logical_or", "BitwiseAnd": "bitwise_and",
-    "BitwiseOr": "bitwise_or", "BitwiseNot": "bitwise_not",
+    "BitwiseOr": "bitwise_or",
 }  # fmt: skip
 
 
