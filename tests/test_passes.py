@@ -139,3 +139,65 @@ def test_fold_batch_norm_keeps_semantics():
         t = torch.randn(binding["B"], 3, binding["H"], binding["H"], generator=gen)
         (want,), (got,) = before.run(binding, [t]), after.run(binding, [t])
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _agree(g, g2, store, make_inputs, bindings):
+    verify(g2)
+    assert reinfer(g2, store) == []
+    before, after = ReferenceExecutor(g), ReferenceExecutor(g2)
+    for binding in bindings:
+        tensors = make_inputs(binding)
+        for want, got in zip(before.run(binding, tensors), after.run(binding, tensors)):
+            assert torch.allclose(got, want, rtol=1e-4, atol=1e-5), (binding, (got - want).abs().max())
+
+
+def test_hoist_scales_moves_scalar_factors_past_the_matmul():
+    """ONNX's attention: (q * c) @ (k^T * c) becomes (q @ k^T) * c^2; a scaled operand that
+    is read elsewhere too keeps its multiply."""
+    from symfuse.passes.algebra import hoist_scales
+
+    b = GraphBuilder("scaled")
+    b.store.declare("B")
+    b.store.declare("S")
+    q = b.input("q", (B, S, 8), DType.float32)
+    k = b.input("k", (B, 8, S), DType.float32)
+    c = b.scalar(0.5, DType.float32)
+    (qs,) = b.add("mul", [q, c])
+    (ks,) = b.add("mul", [c, k])
+    (s,) = b.add("matmul", [qs, ks])
+    (q2,) = b.add("mul", [q, b.scalar(3.0, DType.float32)])
+    (s2,) = b.add("matmul", [q2, k])
+    g = b.finish([s, s2, q2])
+    g2 = hoist_scales(g, b.store)
+    ops = [n.op for n in g2.nodes if n.op != "full"]
+    assert ops == ["matmul", "mul", "mul", "matmul"], ops  # q2 is an output: its mul stays
+    gen = torch.Generator().manual_seed(1)
+
+    def make(bd):
+        return [torch.randn(bd["B"], bd["S"], 8, generator=gen), torch.randn(bd["B"], 8, bd["S"], generator=gen)]
+
+    _agree(g, g2, b.store, make, [dict(B=1, S=1), dict(B=2, S=7), dict(B=1, S=16)])
+
+
+def test_fold_layout_chains_makes_one_permute():
+    """[B, H, S, D] -> [B*H, S, D] -> [B*H, D, S] -> [B, H, D, S] is permute (0, 1, 3, 2); a
+    reshape that splits dims differently is left alone."""
+    from symfuse.passes.algebra import fold_layout_chains
+
+    b = GraphBuilder("chain")
+    b.store.declare("B")
+    b.store.declare("S")
+    x = b.input("x", (B, 3, S, 4), DType.float32)
+    (r,) = b.add("reshape", [x], {"shape": (B * 3, S, 4)})
+    (p,) = b.add("permute", [r], {"dims": (0, 2, 1)})
+    (y,) = b.add("reshape", [p], {"shape": (B, 3, 4, S)})
+    (r2,) = b.add("reshape", [x], {"shape": (B * 3, S, 4)})
+    (p2,) = b.add("permute", [r2], {"dims": (0, 2, 1)})
+    (z,) = b.add("reshape", [p2], {"shape": (B, 6, 2, S)})  # splits 4 into 2 x 2 across H: not a permute
+    g = b.finish([y, z])
+    g2 = fold_layout_chains(g, b.store)
+    assert [n.op for n in g2.nodes] == ["permute", "reshape", "permute", "reshape"]
+    assert g2.nodes[0].attrs["dims"] == (0, 1, 3, 2)
+    gen = torch.Generator().manual_seed(2)
+    _agree(g, g2, b.store, lambda bd: [torch.randn(bd["B"], 3, bd["S"], 4, generator=gen)],
+           [dict(B=1, S=1), dict(B=2, S=7), dict(B=3, S=16)])  # fmt: skip

@@ -5,13 +5,21 @@ from the registry's rules against the same shape store; tests run the reference 
 on the graph before and after a pass at several bindings.
 """
 
+from symfuse.passes.algebra import fold_layout_chains, hoist_scales
 from symfuse.passes.attention import decompose_attention
 from symfuse.passes.batch_norm import fold_batch_norm
 from symfuse.passes.horizontal import merge_parallel_linears
 from symfuse.passes.linear import canonical_linears
 from symfuse.passes.rewrite import Rewriter
 
-PIPELINE = (decompose_attention, canonical_linears, merge_parallel_linears, fold_batch_norm)
+PIPELINE = (
+    fold_layout_chains,
+    hoist_scales,
+    decompose_attention,
+    canonical_linears,
+    merge_parallel_linears,
+    fold_batch_norm,
+)
 
 __all__ = [
     "PIPELINE",
@@ -19,5 +27,7 @@ __all__ = [
     "canonical_linears",
     "decompose_attention",
     "fold_batch_norm",
+    "fold_layout_chains",
+    "hoist_scales",
     "merge_parallel_linears",
 ]

@@ -11,7 +11,7 @@ import math
 
 import sympy
 
-from symfuse.ir.dims import Dim, dim, floordiv, mod, slice_bound
+from symfuse.ir.dims import Dim, dim, exact_quotient, floordiv, mod, slice_bound
 from symfuse.ir.dtypes import DType
 from symfuse.te.ir import Call, Const, Index, Reduce, reduce_axis
 
@@ -62,8 +62,33 @@ def reshape_index(idx: tuple, out_shape: tuple[Dim, ...], in_shape: tuple[Dim, .
         it = iter(i for i, _ in out_nz)
         mapped = tuple(next(it) if d != 1 else sympy.Integer(0) for d in mid_in)
     else:
-        mapped = delinearize(linear_index(mid_idx, mid_out), mid_in)
+        groups = _reshape_groups(mid_out, mid_in)
+        if groups is None:
+            mapped = delinearize(linear_index(mid_idx, mid_out), mid_in)
+        else:  # each group of dims merges or splits on its own: smaller floors and mods
+            mapped = ()
+            for (o0, o1), (i0, i1) in groups:
+                mapped += delinearize(linear_index(mid_idx[o0:o1], mid_out[o0:o1]), mid_in[i0:i1])
     return tuple(idx[:lead]) + mapped + tuple(idx[len(idx) - trail :])
+
+
+def _reshape_groups(out_shape: tuple[Dim, ...], in_shape: tuple[Dim, ...]):
+    """Consecutive runs of output and input dims with equal products, in order
+    (`[B*S, 768] <- [B, S, 12, 64]` is `([B*S], [B, S])`, `([768], [12, 64])`), or None
+    when the products do not line up (then the reshape is one flat index)."""
+    groups, o, i = [], 0, 0
+    while o < len(out_shape) and i < len(in_shape):
+        o1, i1, po, pi = o + 1, i + 1, out_shape[o], in_shape[i]
+        while sympy.expand(po - pi) != 0:
+            if exact_quotient(po, pi) is not None and i1 < len(in_shape):
+                pi, i1 = pi * in_shape[i1], i1 + 1
+            elif exact_quotient(pi, po) is not None and o1 < len(out_shape):
+                po, o1 = po * out_shape[o1], o1 + 1
+            else:
+                return None
+        groups.append(((o, o1), (i, i1)))
+        o, i = o1, i1
+    return groups if (o, i) == (len(out_shape), len(in_shape)) else None
 
 
 # -- rules -------------------------------------------------------------------------------
