@@ -112,6 +112,26 @@ class CompiledModule:
             native=self.native,
         )
 
+    def memory(self) -> dict[str, int | None]:
+        """The native program's workspace (intermediates packed by lifetime, one per calling
+        thread): `high_water` (largest a call needed), `held` (bytes kept now), `cap`."""
+        p = self.native.program if self.native else None
+        if p is None:
+            return {"high_water": 0, "held": 0, "cap": None}
+        return {"high_water": p.workspace_high_water, "held": p.workspace_bytes, "cap": p.workspace_cap}
+
+    def release_workspace(self) -> int:
+        """Free the workspaces kept between calls (after a burst of large inputs); returns bytes."""
+        return self.native.program.release_workspace() if self.native else 0
+
+    def cap_workspace(self, nbytes: int | None) -> None:
+        """Keep at most `nbytes` of workspace per thread between calls (None: no cap); a call
+        needing more allocates for itself and frees it when it ends."""
+        if self.native:
+            self.native.program.workspace_cap = nbytes
+            if nbytes is not None:
+                self.release_workspace()
+
     def save(self, path: str) -> str:
         """Write this module to the folder `path`; `symfuse.load(path)` runs it in any process,
         without the model's code (`symfuse.artifact`)."""

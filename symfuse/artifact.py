@@ -49,7 +49,7 @@ from symfuse.codegen.cpu.build import file_sha256
 
 log = logging.getLogger("symfuse")
 
-FORMAT = 1  # bump when the layout changes; `load` says which version wrote an artifact it cannot read
+FORMAT = 2  # bump when the layout or the host-kernel contract changes (2: per-call error slot)
 FILES = ("module.pkl", "weights.safetensors", "packed.safetensors", "kernels.cpp", "kernels.so")
 
 

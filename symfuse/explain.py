@@ -161,6 +161,13 @@ def _steps_section(native) -> list[str]:
     if native.thresholds:
         out.append("version switch points (the host picks a version per call from the size):")
         out += [f"  {th.describe()}" for th in sorted(native.thresholds.values(), key=lambda t: (t.kind, t.shape))]
+    prog = getattr(native, "program", None)
+    if prog is not None:
+        cap = "no cap" if prog.workspace_cap is None else f"cap {prog.workspace_cap:,} bytes per thread"
+        out.append(
+            f"workspace: high-water {prog.workspace_high_water:,} bytes so far, {prog.workspace_bytes:,} held "
+            f"({cap}; CompiledModule.release_workspace() frees it, cap_workspace(n) bounds it)"
+        )
     out.append(f"\nexecution ({len(steps)} steps; every size a run-time symbol):")
 
     fallbacks = []

@@ -22,6 +22,9 @@ class Options:
     # the libraries' own ISA limits (oneDNN, ATen, MKL) where set: switch points measured against
     # a library held to AVX2 do not hold for the same library at full speed
     library_limits: tuple[tuple[str, str], ...] = ()
+    # build the generated C++ with AddressSanitizer and UndefinedBehaviorSanitizer (a test
+    # mode: the process must start with the sanitizer runtime preloaded, see docs/reliability.md)
+    sanitize: bool = False
 
     @staticmethod
     def from_env(**overrides) -> Options:
@@ -33,6 +36,7 @@ class Options:
             "machine_dir": os.environ.get("SYMFUSE_MACHINE_DIR", ""),
             "thresholds": parse_thresholds(os.environ.get("SYMFUSE_THRESHOLDS", ""), "SYMFUSE_THRESHOLDS"),
             "library_limits": tuple((v, os.environ[v]) for v in LIBRARY_LIMITS if os.environ.get(v)),
+            "sanitize": os.environ.get("SYMFUSE_SANITIZE", "") not in ("", "0"),
         }
         given = {k: v for k, v in overrides.items() if v is not None}
         if isinstance(given.get("thresholds"), (dict, str)):

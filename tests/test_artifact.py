@@ -165,7 +165,9 @@ def test_a_pickle_that_would_run_code_is_refused(saved, tmp_path):
 def test_other_format_versions_say_which_version_wrote_them(saved, tmp_path):
     path = copy_of(saved, tmp_path)
     manifest = json.load(open(os.path.join(path, "manifest.json")))
-    for fmt, words in ((99, "this symfuse reads format 1: upgrade"), (0, "no longer reads: compile")):
+    from symfuse.artifact import FORMAT
+
+    for fmt, words in ((99, f"this symfuse reads format {FORMAT}: upgrade"), (0, "no longer reads: compile")):
         json.dump({**manifest, "format": fmt, "symfuse": "9.9"}, open(os.path.join(path, "manifest.json"), "w"))
         with pytest.raises(ArtifactError, match=f"written by symfuse 9.9 in artifact format {fmt}.*{words}"):
             symfuse.load(path)

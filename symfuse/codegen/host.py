@@ -232,7 +232,8 @@ class _Host:
         s = self.s
         out = [f"def {name}(inputs, b{', tick' if timed else ''}):"]
         out += [f"    s_{n} = b[{n!r}]" for n in self.symbols]
-        out.append(f"    sym = Sym({', '.join(f's_{n}' for n in self.symbols)})")
+        # the symbols, then this call's error slot (bad index, extent, site; see sf_index)
+        out.append(f"    sym = Sym({', '.join([f's_{n}' for n in self.symbols] + ['-1', '0', '-1'])})")
         mem = self.memory
         if mem.slot_sizes:  # slot offsets in the workspace for this binding
             out.append("    z0 = 0")
@@ -255,7 +256,7 @@ class _Host:
             dead = sorted(n for n, j in last.items() if j == i and n not in keep and n not in local)
             if dead:
                 out.append("    del " + ", ".join(f"t_{n}" for n in dead))
-        out.append("    check()")
+        out.append("    check(sym)")
         out.append("    return [" + ", ".join(self.ref(n) for n in s.outputs) + "]")
         return "\n".join(out) + "\n"
 

@@ -61,9 +61,11 @@ class _Planner:
         self.order = {t.name: i for i, t in enumerate(prog.items)}
         self.group = {t.name: t.name for t in prog.items}
         self.consumers: dict[str, list[str]] = {}
+        self.producers: dict[str, list[str]] = {}
         for (p, c), _ in a.edges.items():
             if p in self.items:
                 self.consumers.setdefault(p, []).append(c)
+                self.producers.setdefault(c, []).append(p)
         self.plan = Plan()
 
     # -- groups -------------------------------------------------------------------------
@@ -97,6 +99,24 @@ class _Planner:
             if self.find(t) in inside:
                 return True
             stack.extend(self.consumers.get(t, []))
+        return False
+
+    def gemm_reads_group(self, a: str, b: str) -> bool:
+        """Would the merged group of a and b hold a GEMM together with something the GEMM
+        reads, directly or through other TEs? A GEMM's kernel runs the library call first
+        and its epilogue after, so its inputs must be finished before the kernel starts."""
+        inside = {self.find(a), self.find(b)}
+        members = {m for m in self.items if self.find(m) in inside}
+        for g in (m for m in members if self.gemm(m)):
+            seen, stack = set(), list(self.producers.get(g, []))
+            while stack:
+                t = stack.pop()
+                if t in seen:
+                    continue
+                seen.add(t)
+                if t in members:
+                    return True
+                stack.extend(self.producers.get(t, []))
         return False
 
     # -- properties -----------------------------------------------------------------------
@@ -139,6 +159,8 @@ class _Planner:
             return False, "the consumer reads it through a data-dependent index"
         if self.gemm(c):
             return False, "a library GEMM takes its operands from memory (no prologue fusion)"
+        if self.gemm_reads_group(p, c):
+            return False, "the GEMM of one kernel reads the other kernel's values: they must be done before it runs"
         if self.gemm(p):
             if rel != ONE or self.store.same_shape(self.items[p].shape, self.items[c].shape) is not Tri.YES:
                 return False, "a GEMM epilogue must read the result element for element, same shape"

@@ -36,7 +36,7 @@ class Program:
         lib = ctypes.CDLL(library)
         self._lib = lib
         self.thresholds = dict(thresholds or {})  # version switch points the host code reads at each call
-        sym_t = ctypes.c_int64 * max(n_symbols, 1)
+        sym_t = ctypes.c_int64 * (n_symbols + 3)  # the symbols, then the call's error slot
         ptr = ctypes.POINTER(ctypes.c_int64)
 
         class Kernels:
@@ -53,21 +53,33 @@ class Program:
             rows.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5
             rows.restype = None
             ks.sf_linear_rows = rows
-        take = lib.sf_take_error
-        take.argtypes = [ptr]
-        take.restype = ctypes.c_int64
-        err = (ctypes.c_int64 * 3)()
 
-        def check() -> None:
-            if take(err) >= 0:
-                raise NativeIndexError(f"index {err[0]} is out of range [0, {err[1]}): {describe(err[2])}")
+        def check(sym) -> None:
+            """Raise the first out-of-range gather index this call's kernels saw."""
+            if sym[n_symbols + 2] >= 0:
+                index, extent, site = sym[n_symbols], sym[n_symbols + 1], sym[n_symbols + 2]
+                raise NativeIndexError(f"index {index} is out of range [0, {extent}): {describe(site)}")
 
-        local = threading.local()  # one workspace per calling thread
+        # one workspace per calling thread, kept for its next call unless it is over the cap
+        self._workspaces: dict[int, torch.Tensor] = {}
+        self._ws_lock = threading.Lock()
+        self.workspace_high_water = 0  # the largest workspace a call has needed, in bytes
+        self.workspace_cap: int | None = None  # bytes a thread may keep between calls; None: no cap
 
         def workspace(nbytes: int) -> torch.Tensor:
-            ws = getattr(local, "ws", None)
+            me = threading.get_ident()
+            ws = self._workspaces.get(me)
             if ws is None or ws.numel() < nbytes:
-                ws = local.ws = torch.empty(max(nbytes, 64), dtype=torch.uint8)
+                ws = torch.empty(max(nbytes, 64), dtype=torch.uint8)
+                with self._ws_lock:
+                    self.workspace_high_water = max(self.workspace_high_water, nbytes)
+                    if self.workspace_cap is None or nbytes <= self.workspace_cap:
+                        alive = {t.ident for t in threading.enumerate()}
+                        for gone in [t for t in self._workspaces if t not in alive]:
+                            del self._workspaces[gone]
+                        self._workspaces[me] = ws
+                    else:
+                        self._workspaces.pop(me, None)  # this call's buffer goes when the call ends
             return ws
 
         ns = {
@@ -93,6 +105,18 @@ class Program:
         self.kernels = ks
         self._run = ns["run"]
         self._run_timed = ns["run_timed"]
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Bytes the threads' workspaces hold now."""
+        return sum(ws.numel() for ws in list(self._workspaces.values()))
+
+    def release_workspace(self) -> int:
+        """Drop every thread's workspace (the next call allocates afresh); returns the bytes freed."""
+        with self._ws_lock:
+            freed = sum(ws.numel() for ws in self._workspaces.values())
+            self._workspaces.clear()
+        return freed
 
     def set_threshold(self, name: str, value: int) -> None:
         """Move a version switch point (read by the host code at every call)."""

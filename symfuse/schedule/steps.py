@@ -174,7 +174,12 @@ class _Builder:
         ((r, extent),) = red.axes
         x, y = (operand(a) for a in red.body.args)
         ax = te.axes
-        if node.op == "linear" and y.tensor in const_names and (node.inputs[2] is None or node.inputs[2] in consts):
+        plain_weight = (  # W[n, k] itself, not a view of a larger constant
+            y.tensor in const_names
+            and tuple(y.index) == (ax[-1], r)
+            and tuple(self.buffers[y.tensor].shape) == tuple(node.inputs[1].type.shape)
+        )
+        if node.op == "linear" and plain_weight and (node.inputs[2] is None or node.inputs[2] in consts):
             self.pending.append((step, "a", x, ax[:-1] + (r,), te.shape[:-1] + (extent,)))
             step.weight = y.tensor
             step.bias = node.inputs[2].name if node.inputs[2] is not None else None
@@ -230,16 +235,19 @@ class _Builder:
                 self.notes.append(f"{name} is stored in dim order {order} so a GEMM reads it as a strided view")
         for s, attr, load, variables, sizes in self.pending:
             view = strided_view(load.tensor, load.index, self.buffers[load.tensor].strides, variables, sizes)
-            setattr(s, attr, view if view is not None else self.copy_for(s, load, variables, sizes))
+            setattr(s, attr, view if view is not None else self.copy_for(s, attr, load, variables, sizes))
 
-    def copy_for(self, s: GemmStep, load: Load, variables: tuple, sizes: tuple) -> View:
+    def copy_for(self, s: GemmStep, operand: str, load: Load, variables: tuple, sizes: tuple) -> View:
         name = f"{load.tensor}_for_{s.anchor}"
+        step_name = f"{s.name}_copy"
+        if name in self.items:  # both operands copy the same tensor (x @ x^T): one copy each
+            name, step_name = f"{name}_{operand}", f"{step_name}_{operand}"
         axes = tuple(axis(i) for i in range(len(sizes)))
         body = substitute(load, dict(zip(variables, axes)))
         te = TE(name, tuple(sizes), self.buffers[load.tensor].dtype, axes, body, f"copy for {s.anchor}")
         self.items[name] = te
         self.temp(name)
-        self.steps.insert(self.steps.index(s), NativeStep(f"{s.name}_copy", "copy", [te], [name], self.inline))
+        self.steps.insert(self.steps.index(s), NativeStep(step_name, "copy", [te], [name], self.inline))
         self.notes.append(f"{load.tensor} is copied to {name}: the library GEMM of {s.anchor} cannot read it as a view")
         return View(name, tuple(sizes), row_major(tuple(sizes)), sympy.Integer(0))
 

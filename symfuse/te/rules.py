@@ -165,12 +165,18 @@ def cat_rule(lw, node, xs, dim):
         for _, n in parts:
             offsets.append(off)
             off = off + n
+
+        def inside(i, o, n):
+            """The part's own index, clamped into it: a select may evaluate the side it does
+            not take, and that side must still read (and gather through) valid elements."""
+            return sympy.Min(sympy.Max(i - o, 0), n - 1)
+
         # the last part first, then wrap earlier ones in where(i < end, ...)
         acc, n_last = parts[-1]
-        expr = acc(idx[:k] + (idx[k] - offsets[-1],) + idx[k + 1 :])
+        expr = acc(idx[:k] + (inside(idx[k], offsets[-1], n_last),) + idx[k + 1 :])
         for (a, n), o in reversed(list(zip(parts[:-1], offsets[:-1]))):
             cond = Call("lt", (Index(idx[k], DType.int64), Index(o + n, DType.int64)), DType.bool)
-            expr = Call("where", (cond, a(idx[:k] + (idx[k] - o,) + idx[k + 1 :]), expr), dt)
+            expr = Call("where", (cond, a(idx[:k] + (inside(idx[k], o, n),) + idx[k + 1 :]), expr), dt)
         return expr
 
     return body

@@ -104,10 +104,30 @@ def _compile(source: str, cxx: str, flags: list[str], target: Target, lib: str, 
     os.replace(tmp_stamp, lib + ".sha256")
 
 
+SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
+
+
+def _check_sanitizer_runtime() -> None:
+    """An ASan-built library loads only into a process whose first library is ASan's runtime."""
+    try:
+        with open("/proc/self/maps") as f:
+            loaded = "libasan" in f.read()
+    except OSError:
+        loaded = True  # not Linux: let the loader say it
+    if not loaded:
+        raise BuildError(
+            "SYMFUSE_SANITIZE builds kernels with AddressSanitizer, which must be loaded before Python starts: run "
+            "with LD_PRELOAD=$(g++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 (docs/reliability.md)"
+        )
+
+
 def build(source: str, target: Target, opts: Options) -> tuple[str, bool, float]:
     """Path of the library built from `source` for `target`, whether it came from the cache,
     seconds spent."""
     flags = list(target.all_flags)
+    if opts.sanitize:
+        flags += SANITIZE_FLAGS
+        _check_sanitizer_runtime()
     cxx = target.cxx
     key = hashlib.sha256("\0".join([source, target.key, compiler_version(cxx), *flags]).encode()).hexdigest()[:24]
     folder = cache_folder(opts.kernel_cache)

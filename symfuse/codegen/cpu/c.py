@@ -66,18 +66,14 @@ static inline void sf_store_n(float* p, sf_vec v, int64_t n) { std::memcpy(p, &v
 """
 
 _HELPERS = r"""
-// the first out-of-range gather index seen (read 0 instead), reported to the host after the call
-static int64_t sf_bad_index = -1, sf_bad_extent = 0, sf_bad_site = -1;
-extern "C" int64_t sf_take_error(int64_t* out) {
-  out[0] = sf_bad_index; out[1] = sf_bad_extent; out[2] = sf_bad_site;
-  const int64_t site = sf_bad_site;
-  sf_bad_index = -1; sf_bad_extent = 0; sf_bad_site = -1;
-  return site;
-}
-static inline int64_t sf_index(int64_t i, int64_t n, int64_t site) {
+// the first out-of-range gather index of a call (read as 0 instead) goes to that call's
+// error slot, three int64s after the symbols in its `sym` array: index, extent, site.
+// Each call has its own array, so calls on several threads report their own errors.
+static inline int64_t sf_index(int64_t i, int64_t n, int64_t site, const int64_t* err) {
   if (i >= 0 && i < n) return i;
+  int64_t* slot = const_cast<int64_t*>(err);
   #pragma omp critical(sf_error)
-  if (sf_bad_site < 0) { sf_bad_index = i; sf_bad_extent = n; sf_bad_site = site; }
+  if (slot[2] < 0) { slot[0] = i; slot[1] = n; slot[2] = site; }
   return 0;
 }
 template <class T> static inline T sf_select(bool c, T a, T b) { return c ? a : b; }  // both sides evaluated

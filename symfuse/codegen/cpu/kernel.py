@@ -117,7 +117,8 @@ class _Emitter:
                 f"{source} indexing dim {k} of {ld.tensor} (size {fmt(buf.shape[k])}) in {self.step.name}"
             )
             site = len(self.gathers) - 1
-            self.line(f"const int64_t {v} = sf_index(int64_t({code}), {cidx(buf.shape[k], self.names)}, {site});")
+            extent = cidx(buf.shape[k], self.names)
+            self.line(f"const int64_t {v} = sf_index(int64_t({code}), {extent}, {site}, sym + {len(self.symbols)});")
             index.append(sympy.Symbol(v, integer=True))
         addr = address(tuple(index), buf.strides)
         value = f"{ld.tensor}[{cidx(addr, self.names)}]"
