@@ -166,6 +166,8 @@ class _Planner:
                 return False, "a GEMM epilogue must read the result element for element, same shape"
             if has_reduce(self.items[c].body):
                 return False, "a reduction is not an epilogue"
+            if self.creates_cycle(p, c):
+                return False, "fusing would create a cycle between kernels"
             return True, "GEMM epilogue"
         if self.rows_match(p, c) is not Tri.YES:
             return False, "the two do not run over the same rows (shape relation unknown or different)"

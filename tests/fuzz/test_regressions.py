@@ -81,3 +81,24 @@ def test_concatenation_reads_inside_each_part():
     g = torch.Generator().manual_seed(3)
     _check(CatOfGathers(), (torch.randint(0, 5, (5, 4), generator=g),), {"ids": {0: "S"}},
            [(1,), (7,), (33,)], lambda s: (torch.randint(0, 5, (s, 4), generator=g),))  # fmt: skip
+
+
+class EpilogueAfterReductionOfGemm(torch.nn.Module):
+    """Found by seed 1030: `y = linear(x); y - amax(y, dim=1)`. The subtraction joined the
+    GEMM's kernel as its epilogue though it also reads `amax(y)`, which needs the GEMM's
+    whole output first: a cycle between kernels, and the planner found no order to run them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(6, 17)
+
+    def forward(self, x):
+        y = self.proj(x[:, :, 11:])
+        m = torch.amax(y, dim=1, keepdim=True)
+        return y - m, m
+
+
+def test_an_epilogue_that_would_close_a_cycle_is_its_own_kernel():
+    g = torch.Generator().manual_seed(4)
+    _check(EpilogueAfterReductionOfGemm(), (torch.randn(2, 5, 17, generator=g),), {"x": {0: "B", 1: "S"}},
+           [(1, 1), (3, 7), (2, 16)], lambda b, s: (torch.randn(b, s, 17, generator=g),))  # fmt: skip
