@@ -270,9 +270,19 @@ def layer_norm_rule(lw, node, x, weight, bias, normalized_shape, eps):
         return idx[:lead] + tuple(a for a, _ in rs)
 
     zeros = (sympy.Integer(0),) * n
+
+    def first(idx):  # the row's first element: the shift of a shifted-data mean
+        return x(idx[:lead] + zeros)
+
+    # mean = x0 + sum(x - x0) / n, as Welford's update does it: a constant row's mean is
+    # exact (so it normalises to exactly the bias, as in torch), and a large offset does
+    # not cancel digits away
     mean = lw.te(
-        f"{name}_mean", row, dt, lambda idx: Call("div", (Reduce("sum", x(over(idx)), rs, dt), count), dt), aux=True
-    )
+        f"{name}_mean", row, dt,
+        lambda idx: Call("add", (first(idx), Call("div", (
+            Reduce("sum", Call("sub", (x(over(idx)), first(idx)), dt), rs, dt), count), dt)), dt),
+        aux=True,
+    )  # fmt: skip
 
     def centered(idx):
         return Call("sub", (x(idx), mean(idx[:lead] + zeros)), dt)

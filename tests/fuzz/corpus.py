@@ -129,16 +129,17 @@ def main(argv: list[str]) -> int:
     for s in range(first, first + math.ceil(total / per_batch)):
         progs = programs_for(s, per_batch)
         try:
-            found += [f"seed {s}: {p}" for p in check_batch(progs, seed=s)]
+            new = [f"seed {s}: {p}" for p in check_batch(progs, seed=s)]
         except Exception as e:  # noqa: BLE001  (a crash of the compiler is a finding too)
-            found.append(f"seed {s}: {type(e).__name__}: {str(e)[:500]}")
+            new = [f"seed {s}: {type(e).__name__}: {str(e)[:500]}"]
+        for f in new:
+            print(f, flush=True)
+        found += new
         done += per_batch
         if (s - first) % 10 == 0:
             print(f"{done} programs, {len(found)} mismatches, {time.time() - t0:.0f}s", flush=True)
     print(f"done: {done} programs in {done // per_batch} compiled batches, {len(found)} mismatches, "
           f"{time.time() - t0:.0f}s")  # fmt: skip
-    for f in found:
-        print(f)
     return 1 if found else 0
 
 
