@@ -4,6 +4,7 @@ sanitizer tier run; `python -m tests.fuzz.corpus N` is the long run (docs/reliab
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import sys
@@ -78,6 +79,30 @@ def mismatch(got: torch.Tensor, want: torch.Tensor, tol: float = 1e-4) -> str:
     return ""
 
 
+def _float64(module: torch.nn.Module, inputs: dict) -> tuple:
+    m64 = copy.deepcopy(module).double()
+    with torch.no_grad():
+        return m64(**{k: v.double() if v.is_floating_point() else v for k, v in inputs.items()})
+
+
+def as_accurate(got: torch.Tensor, eager: torch.Tensor, exact: torch.Tensor, tol: float = 1e-4) -> bool:
+    """An ill-conditioned program (`cos` of a large `exp`) magnifies each library's
+    last-bit differences past any fixed tolerance. There, symfuse passes if it is about as
+    close to the float64 result as eager float32 is: within 4x, the gap between a function
+    good to 2 ulp and one correctly rounded, with NaN and inf in the same places."""
+    if got.shape != eager.shape or not torch.equal(torch.isnan(got), torch.isnan(eager)):
+        return False
+    finite = torch.isfinite(exact) & torch.isfinite(got) & torch.isfinite(eager)
+    if not torch.equal(torch.isfinite(got), torch.isfinite(eager)):
+        return False
+    if not finite.any():
+        return True
+    scale = max(1.0, float(exact[finite].abs().max()))
+    ours = float((got[finite].double() - exact[finite]).abs().max())
+    theirs = float((eager[finite].double() - exact[finite]).abs().max())
+    return ours <= 4 * theirs + tol * scale * 0.1
+
+
 def check_batch(progs: list[Program], seed: int = 0) -> list[str]:
     """Compile the programs once and compare at every binding; returns the mismatches."""
     module = batch_module(progs).eval()
@@ -90,12 +115,15 @@ def check_batch(progs: list[Program], seed: int = 0) -> list[str]:
             want = module(**inputs)
         got = compiled(**inputs)
         ref = compiled.profile(lambda *a: None, **inputs)
+        exact: list = []  # float64 eager, computed when some comparison needs it
         k = 0
         for j, p in enumerate(progs):
             for _ in p.outputs:
                 for what, other in (("eager", want[k]), ("reference", ref[k])):
                     why = mismatch(got[k], other)
-                    if why:
+                    if why and not exact:
+                        exact = _float64(module, inputs)
+                    if why and not as_accurate(got[k], want[k], exact[k]):
                         problems.append(f"program {j} at {b} vs {what}: {why}\n  {p.text()}")
                 k += 1
     if symfuse.compile_count() != before + 1:

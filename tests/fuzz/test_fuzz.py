@@ -31,3 +31,18 @@ def test_the_comparison_catches_real_differences():
     w[0, 0] = -float("inf")
     assert mismatch(w, z) == "infinities differ"
     assert "shape" in mismatch(x[:, :4], x)
+
+
+def test_ill_conditioned_programs_are_judged_against_float64():
+    """cos(exp(x)) for exp near 3000: a last-bit difference in exp moves cos by 1e-4, in
+    eager too. Such a result passes when it is as close to float64 as eager is; a real
+    error does not."""
+    from tests.fuzz.corpus import as_accurate
+
+    x = torch.linspace(7.0, 8.0, 1000)
+    exact = torch.cos(torch.exp(x.double()))
+    eager = torch.cos(torch.exp(x))
+    shifted = torch.cos(torch.exp(x) * (1 + 2**-23))  # exp one ulp off, as another library may be
+    assert mismatch(shifted, eager) != ""  # beyond the fixed tolerance...
+    assert as_accurate(shifted, eager, exact)  # ...but as accurate as eager
+    assert not as_accurate(shifted + 1e-2, eager, exact)
