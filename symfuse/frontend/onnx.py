@@ -31,7 +31,7 @@ from onnx import numpy_helper
 from symfuse.errors import UnsupportedOpsError
 from symfuse.frontend.aten_table import Unsupported
 from symfuse.frontend.dynamic import DimDecl, _decl
-from symfuse.frontend.onnx_table import FOLD, ONNX_OPS, OnnxNode
+from symfuse.frontend.onnx_table import FOLD, ONNX_OPS, OnnxNode, np_dtype_to_symfuse, onnx_dtype
 from symfuse.frontend.torch_export import Captured
 from symfuse.ir.dims import Dim, dim
 from symfuse.ir.dtypes import DType
@@ -50,20 +50,6 @@ def is_onnx(model: Any) -> bool:
     if isinstance(model, onnx.ModelProto):
         return True
     return isinstance(model, (str, os.PathLike)) and str(model).lower().endswith(".onnx")
-
-
-def np_dtype_to_symfuse(dt: np.dtype) -> DType:
-    if dt == np.dtype(object):
-        return DType.int64
-    return DType.of(torch.from_numpy(np.empty(0, dtype=dt)).dtype)
-
-
-def onnx_dtype(elem_type: int) -> DType:
-    try:
-        return np_dtype_to_symfuse(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
-    except (KeyError, TypeError, ValueError):
-        name = onnx.TensorProto.DataType.Name(elem_type)
-        raise ValueError(f"ONNX element type {name} is not supported by symfuse") from None
 
 
 def load_model(model: Any) -> onnx.ModelProto:

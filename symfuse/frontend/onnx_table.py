@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import onnx
 import sympy
+import torch
 
 from symfuse.frontend.aten_table import Unsupported
 from symfuse.ir.dims import ceildiv, dim, dmax, dmin, floordiv, mod, product
@@ -58,10 +59,18 @@ def converts(*ops: str, table: dict = ONNX_OPS):
     return register
 
 
-def _to_dtype(elem_type: int) -> DType:
-    from symfuse.frontend.onnx import onnx_dtype
+def np_dtype_to_symfuse(dt: np.dtype) -> DType:
+    if dt == np.dtype(object):
+        return DType.int64
+    return DType.of(torch.from_numpy(np.empty(0, dtype=dt)).dtype)
 
-    return onnx_dtype(elem_type)
+
+def onnx_dtype(elem_type: int) -> DType:
+    try:
+        return np_dtype_to_symfuse(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, TypeError, ValueError):
+        name = onnx.TensorProto.DataType.Name(elem_type)
+        raise ValueError(f"ONNX element type {name} is not supported by symfuse") from None
 
 
 def _axes(cx, n: OnnxNode, input_index: int) -> list[int] | None:
@@ -165,7 +174,7 @@ def _fold_cast(cx, n):
     x = n.ins[0]
     if x.dtype != object:
         return None
-    to = _to_dtype(n.attrs["to"])
+    to = onnx_dtype(n.attrs["to"])
     return x if to.is_int else None  # dims as floats become a tensor (the table's Cast)
 
 
@@ -364,7 +373,7 @@ def _where(cx, n):
 @converts("Cast", "CastLike")
 def _cast(cx, n):
     x = cx.tensor(n.ins[0])
-    to = _to_dtype(n.attrs["to"]) if n.op == "Cast" else cx.tensor(n.ins[1]).type.dtype
+    to = onnx_dtype(n.attrs["to"]) if n.op == "Cast" else cx.tensor(n.ins[1]).type.dtype
     return x if to == x.type.dtype else cx.emit("cast", [x], dtype=to)
 
 
@@ -421,21 +430,17 @@ def _hardswish(cx, n):
 def _constant_of_shape(cx, n):
     shape = cx.dims(n.ins[0], "ConstantOfShape's shape")
     value = n.attrs.get("value", np.zeros(1, np.float32))
-    from symfuse.frontend.onnx import np_dtype_to_symfuse
-
     v = value.reshape(-1)[0].item()
     return cx.emit("full", [], shape=shape, value=v, dtype=np_dtype_to_symfuse(value.dtype))
 
 
 @converts("Range")
 def _range(cx, n):
-    start, limit, delta = (cx.ints(x, f"Range's {w}")[0] for x, w in zip(n.ins, ("start", "limit", "delta")))
     if any(isinstance(x, np.ndarray) and x.dtype.kind == "f" for x in n.ins):
         raise Unsupported("Range with floating-point bounds")
+    start, limit, delta = (cx.ints(x, f"Range's {w}")[0] for x, w in zip(n.ins, ("start", "limit", "delta")))
     if not isinstance(delta, int):
         raise Unsupported("Range with a symbolic step")
-    from symfuse.frontend.onnx import np_dtype_to_symfuse
-
     dt = n.ins[0].dtype
     return cx.emit("arange", [], start=dim(start), end=dim(limit), step=delta, dtype=np_dtype_to_symfuse(dt))
 
