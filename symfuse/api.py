@@ -23,6 +23,7 @@ _compile_count = 0
 
 REFERENCE_BACKEND = "reference executor (each op runs through its PyTorch reference)"
 CPU_BACKEND = "cpu (generated C++ kernels with OpenMP and SIMD, oneDNN and torch.matmul for GEMMs)"
+GPU_BACKEND = "triton (generated Triton kernels, cuBLAS through torch for GEMMs, CUDA graphs per binding)"
 
 
 def compile_count() -> int:
@@ -38,7 +39,7 @@ class CompiledModule:
         self.graph = captured.graph
         self.store = captured.store
         self.options = options
-        self.guard_spec = guard or guard_spec(captured.declared, captured.store)
+        self.guard_spec = guard or guard_spec(captured.declared, captured.store, torch.device(options.device).type)
         self.guard = make_guard(self.guard_spec)
         self._reference = ReferenceExecutor(captured.graph)
         self._tensor_names = [v.name for v in captured.declared]
@@ -55,8 +56,14 @@ class CompiledModule:
             self.native = compile_program(captured.graph, captured.store, options)
             self.backend = CPU_BACKEND
             self._run = self.native.program
+        elif options.backend == "triton":
+            from symfuse.codegen.gpu.compile import compile_gpu
+
+            self.native = compile_gpu(captured.graph, captured.store, options)
+            self.backend = GPU_BACKEND
+            self._run = self.native.program
         else:
-            raise ValueError(f"unknown backend {options.backend!r}; symfuse has 'cpu' and 'reference'")
+            raise ValueError(f"unknown backend {options.backend!r}; symfuse has 'cpu', 'triton' and 'reference'")
 
     @property
     def symbols(self) -> list[str]:
@@ -143,6 +150,26 @@ class CompiledModule:
         return f"<symfuse.CompiledModule {self.graph.name} symbols={self.symbols} backend='{self.backend}'>"
 
 
+def _device_of(model: Any, example_inputs: Any) -> str:
+    """The device a torch model lives on (its first parameter or buffer, else its first
+    example tensor); "cpu" for ONNX models."""
+    if isinstance(model, torch.nn.Module):
+        for t in list(model.parameters()) + list(model.buffers()):
+            return str(t.device)
+    for x in pytree.tree_leaves(example_inputs):
+        if isinstance(x, torch.Tensor):
+            return str(x.device)
+    return "cpu"
+
+
+def _on_cpu(model: torch.nn.Module) -> torch.nn.Module:
+    """A CPU copy of a device model to capture from (the model itself is left where it is)."""
+    import copy
+
+    cpu = copy.deepcopy(model).cpu()
+    return cpu
+
+
 def compile(  # noqa: A001
     model: Any, example_inputs: Any = None, dynamic: Any = None, *, backend: str | None = None, **options
 ) -> CompiledModule:
@@ -159,12 +186,25 @@ def compile(  # noqa: A001
         the same name on two dims declares them equal), or a tuple of such dicts for
         positional inputs. When omitted, every dim of every tensor input is dynamic
         unless the model fixes it; those dims are named `<input>_<dim>`.
-    backend: "cpu" (default: generated native code) or "reference" (each op through torch).
+    backend: "cpu" (default on a CPU: generated native code), "triton" (default on a GPU:
+        Triton kernels and cuBLAS) or "reference" (each op through torch).
+    device: where the program runs and its weights live ("cpu", "cuda", "cuda:1"); by default
+        the model's own device (its parameters', else the example inputs'). A GPU model is
+        captured from a CPU copy; inputs must then be on that device.
+    precision: on a GPU, "fp32" (default), "fp16" or "bf16" (half-precision weights and
+        intermediates, float32 math and accumulation, float32 outputs).
     options: fields of `symfuse.options.Options` (cache_dir, dump_dir, cxx); the environment
         supplies SYMFUSE_CACHE_DIR, SYMFUSE_DUMP_DIR and CXX.
     """
+    if "device" not in options or options["device"] is None:
+        options["device"] = _device_of(model, example_inputs)
     opts = Options.from_env(backend=backend, **options)
     global _compile_count
+    if opts.device != "cpu" and isinstance(model, torch.nn.Module):  # captured on the CPU, run on the device
+        model, example_inputs = (
+            _on_cpu(model),
+            pytree.tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, example_inputs),
+        )
     if is_onnx(model):
         if example_inputs is not None:
             raise ValueError("an ONNX model needs no example inputs; pass `dynamic` to rename or bound its dims")

@@ -260,6 +260,9 @@ def cmd_bench(args) -> int:
     from symfuse.bench import harness, report
     from symfuse.bench.engines import ENGINES
 
+    if args.device != "cpu":
+        return _bench_gpu(args)
+
     engines = list(ENGINES) if args.engines == "all" else [e.strip() for e in args.engines.split(",")]
     ours = {"torch": ["symfuse"], "onnx": ["symfuse-onnx"], "both": ["symfuse", "symfuse-onnx"]}[args.source]
     engines = ours + [e for e in engines if not e.startswith("symfuse")]
@@ -293,6 +296,24 @@ def cmd_bench(args) -> int:
     print(report.terminal(result))
     paths = report.write(result, out_dir)
     print("\nwrote " + ", ".join(f"{k}: {v}" for k, v in paths.items()))
+    return 0
+
+
+def _bench_gpu(args) -> int:
+    import torch
+
+    from symfuse.bench import gpu, harness
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: torch sees no CUDA device here (torch {torch.__version__})")
+    which = ["eager", "inductor", "symfuse"] if args.engines == "all" else [e.strip() for e in args.engines.split(",")]
+    unknown = set(which) - {"eager", "inductor", "max-autotune", "symfuse"}
+    if unknown:
+        raise ValueError(f"unknown GPU engine(s) {', '.join(sorted(unknown))}; eager, inductor, max-autotune, symfuse")
+    bindings = harness.parse_sweep(args.model, {"batch": args.batch, "seq": args.seq, "image": args.image})
+    out_dir = args.out or os.path.join("symfuse-results", args.model)
+    gpu.run(args.model, bindings, args.precision, max(args.min_reps, 10), out_dir, which,
+            log=lambda m: print(m, file=sys.stderr, flush=True))  # fmt: skip
     return 0
 
 
@@ -330,6 +351,13 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument(
         "--profile", action="store_true", help="also time each kind of symfuse step against the physical limits"
     )
+    b.add_argument(
+        "--device",
+        default="cpu",
+        help="cuda: symfuse's GPU backend against eager and torch.compile on the GPU (engines eager, inductor, "
+        "max-autotune, symfuse; one process, CUDA-synchronised timings)",
+    )
+    b.add_argument("--precision", default="fp32", help="with --device cuda: fp32, fp16 or bf16 for every engine")
     b.add_argument(
         "--isa",
         default="",

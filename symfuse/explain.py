@@ -95,7 +95,9 @@ def _te_section(graph: Graph, store: ShapeStore, with_program: bool, native) -> 
     out.append(f"refused fusions ({len(refused)}):")
     out += [f"  {d.producer} -> {d.consumer}: {d.reason}" for d in refused]
     out += _blocks_section(graph, fp, native)
-    if native:
+    if native is not None and hasattr(native, "explain_lines"):  # the GPU backend describes itself
+        out += native.explain_lines()
+    elif native:
         out += _steps_section(native)
     return out
 

@@ -12,7 +12,9 @@ LIBRARY_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTR
 
 @dataclass(frozen=True)
 class Options:
-    backend: str = "cpu"  # cpu: generated C++ and library GEMMs | reference: each op through torch
+    # cpu: generated C++ and library GEMMs | triton: Triton kernels and cuBLAS (the GPU backend;
+    # on a CPU device its kernels run in Triton's interpreter) | reference: each op through torch
+    backend: str = "cpu"
     cache_dir: str = ""  # compiled kernels, keyed by a content hash; "" means the default
     dump_dir: str = ""  # when set, every stage is written here (graph, TEs, plan, C++, host code)
     cxx: str = "g++"
@@ -25,6 +27,9 @@ class Options:
     # build the generated C++ with AddressSanitizer and UndefinedBehaviorSanitizer (a test
     # mode: the process must start with the sanitizer runtime preloaded, see docs/reliability.md)
     sanitize: bool = False
+    device: str = "cpu"  # cpu | cuda | cuda:N: where the compiled program runs and its weights live
+    precision: str = "fp32"  # GPU: fp32 | fp16 | bf16 (half-precision storage, float32 math and accumulation)
+    cuda_graphs: int = 16  # GPU: CUDA graphs kept (one per binding seen twice, least recently used dropped); 0: none
 
     @staticmethod
     def from_env(**overrides) -> Options:
@@ -37,12 +42,27 @@ class Options:
             "thresholds": parse_thresholds(os.environ.get("SYMFUSE_THRESHOLDS", ""), "SYMFUSE_THRESHOLDS"),
             "library_limits": tuple((v, os.environ[v]) for v in LIBRARY_LIMITS if os.environ.get(v)),
             "sanitize": os.environ.get("SYMFUSE_SANITIZE", "") not in ("", "0"),
+            "cuda_graphs": int(os.environ.get("SYMFUSE_CUDA_GRAPHS", "16")),
         }
         given = {k: v for k, v in overrides.items() if v is not None}
         if isinstance(given.get("thresholds"), (dict, str)):
             given["thresholds"] = parse_thresholds(given["thresholds"], "thresholds")
         env.update(given)
-        return Options(**env)
+        if "backend" not in given and str(env.get("device", "cpu")).startswith("cuda"):
+            env["backend"] = "triton"
+        opts = Options(**env)
+        if opts.precision not in ("fp32", "fp16", "bf16"):
+            raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', got {opts.precision!r}")
+        if opts.backend not in ("cpu", "triton", "reference"):
+            raise ValueError(f"unknown backend {opts.backend!r}; symfuse has 'cpu', 'triton' and 'reference'")
+        if opts.device.startswith("cuda") and opts.backend == "cpu":
+            raise ValueError(f"device={opts.device!r} runs the 'triton' backend, not 'cpu'")
+        if opts.precision != "fp32" and opts.backend != "triton":
+            raise ValueError(
+                f"precision={opts.precision!r} needs the GPU backend (device='cuda'); "
+                f"the {opts.backend} backend is fp32"
+            )
+        return opts
 
     @property
     def kernel_cache(self) -> str:

@@ -153,8 +153,9 @@ def generate(graph: Graph, store: ShapeStore, target: Target) -> Generated:
 
 
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
-_LOCAL = re.compile(r"^(?:v|row|r\d+)_")  # the emitters' names for a value's register, row buffer, loop
-_COMMENT = re.compile(r"^\s*//.*$", re.M)
+# the emitters' names derived from a value's: register, pointer, row buffer, loop, temporary
+_LOCAL = re.compile(r"^(?:v|p|row|r\d+|t\d+)_")
+_COMMENT = re.compile(r"^\s*(//|# ).*$", re.M)  # C++ and Python comments
 
 
 def share(kernels: dict[str, KernelSource], names: set[str]) -> dict[str, KernelSource]:

@@ -296,10 +296,10 @@ def _is_compute(line: str) -> bool:
     line = line.strip()
     if line.startswith("# ") or line.startswith("@alloc"):
         return False
-    starts = ("k.", "te_", "matmul(", "if ", "else:")
+    starts = ("k.", "te_", "matmul(", "launch(", "if ", "else:")
     if ".copy_(sdpa(" in line:
         return True
-    calls = (" = linear(", " = conv(", " = op_", "+=")
+    calls = (" = linear(", " = conv(", " = op_", " = activation(", "+=")
     return line.startswith(starts) or any(c in line for c in calls)
 
 

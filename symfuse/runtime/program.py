@@ -60,30 +60,10 @@ class Program:
                 index, extent, site = sym[n_symbols], sym[n_symbols + 1], sym[n_symbols + 2]
                 raise NativeIndexError(f"index {index} is out of range [0, {extent}): {describe(site)}")
 
-        # one workspace per calling thread, kept for its next call unless it is over the cap
-        self._workspaces: dict[int, torch.Tensor] = {}
-        self._ws_lock = threading.Lock()
-        self.workspace_high_water = 0  # the largest workspace a call has needed, in bytes
-        self.workspace_cap: int | None = None  # bytes a thread may keep between calls; None: no cap
-
-        def workspace(nbytes: int) -> torch.Tensor:
-            me = threading.get_ident()
-            ws = self._workspaces.get(me)
-            if ws is None or ws.numel() < nbytes:
-                ws = torch.empty(max(nbytes, 64), dtype=torch.uint8)
-                with self._ws_lock:
-                    self.workspace_high_water = max(self.workspace_high_water, nbytes)
-                    if self.workspace_cap is None or nbytes <= self.workspace_cap:
-                        alive = {t.ident for t in threading.enumerate()}
-                        for gone in [t for t in self._workspaces if t not in alive]:
-                            del self._workspaces[gone]
-                        self._workspaces[me] = ws
-                    else:
-                        self._workspaces.pop(me, None)  # this call's buffer goes when the call ends
-            return ws
+        self.workspaces = Workspaces()
 
         ns = {
-            "workspace": workspace,
+            "workspace": self.workspaces.get,
             "Sym": sym_t,
             "k": ks,
             "check": check,
@@ -106,17 +86,20 @@ class Program:
         self._run = ns["run"]
         self._run_timed = ns["run_timed"]
 
+    workspace_high_water = property(lambda self: self.workspaces.high_water)
+    workspace_bytes = property(lambda self: self.workspaces.held)
+
     @property
-    def workspace_bytes(self) -> int:
-        """Bytes the threads' workspaces hold now."""
-        return sum(ws.numel() for ws in list(self._workspaces.values()))
+    def workspace_cap(self) -> int | None:
+        return self.workspaces.cap
+
+    @workspace_cap.setter
+    def workspace_cap(self, nbytes: int | None) -> None:
+        self.workspaces.cap = nbytes
 
     def release_workspace(self) -> int:
         """Drop every thread's workspace (the next call allocates afresh); returns the bytes freed."""
-        with self._ws_lock:
-            freed = sum(ws.numel() for ws in self._workspaces.values())
-            self._workspaces.clear()
-        return freed
+        return self.workspaces.release()
 
     def set_threshold(self, name: str, value: int) -> None:
         """Move a version switch point (read by the host code at every call)."""
@@ -141,6 +124,50 @@ class Program:
             self._run_timed(inputs, binding, tick)
             total = time.perf_counter() - t0
         return times, total
+
+
+class Workspaces:
+    """One workspace per calling thread (a call's intermediates, packed by lifetime), kept for
+    the thread's next call unless it is over the cap; on the program's device."""
+
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        self.device = device
+        self._held: dict[int, torch.Tensor] = {}
+        self._lock = threading.Lock()
+        self.high_water = 0  # the largest workspace a call has needed, in bytes
+        self.cap: int | None = None  # bytes a thread may keep between calls; None: no cap
+        self.keep = True  # False while a call is captured into a CUDA graph: its memory is the graph's
+
+    def get(self, nbytes: int) -> torch.Tensor:
+        if not self.keep:
+            with self._lock:
+                self.high_water = max(self.high_water, nbytes)
+            return torch.empty(max(nbytes, 64), dtype=torch.uint8, device=self.device)
+        me = threading.get_ident()
+        ws = self._held.get(me)
+        if ws is None or ws.numel() < nbytes:
+            ws = torch.empty(max(nbytes, 64), dtype=torch.uint8, device=self.device)
+            with self._lock:
+                self.high_water = max(self.high_water, nbytes)
+                if self.cap is None or nbytes <= self.cap:
+                    alive = {t.ident for t in threading.enumerate()}
+                    for gone in [t for t in self._held if t not in alive]:
+                        del self._held[gone]
+                    self._held[me] = ws
+                else:
+                    self._held.pop(me, None)  # this call's buffer goes when the call ends
+        return ws
+
+    @property
+    def held(self) -> int:
+        """Bytes the threads' workspaces hold now."""
+        return sum(ws.numel() for ws in list(self._held.values()))
+
+    def release(self) -> int:
+        with self._lock:
+            freed = sum(ws.numel() for ws in self._held.values())
+            self._held.clear()
+        return freed
 
 
 def _view(t: torch.Tensor, sizes: tuple, strides: tuple, offset: int) -> torch.Tensor:

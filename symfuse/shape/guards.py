@@ -21,8 +21,9 @@ def _check(f: Fact) -> Check:
     return Check(expr, f"{f.text()} ({f.origin})", shows, syms)
 
 
-def guard_spec(declared: list[Value], store: ShapeStore) -> GuardSpec:
-    """`declared`: the graph inputs with the dims as declared, before unification."""
+def guard_spec(declared: list[Value], store: ShapeStore, device: str = "cpu") -> GuardSpec:
+    """`declared`: the graph inputs with the dims as declared, before unification; `device`:
+    the device type every input must be on."""
     inputs = []
     sites: dict[str, str] = {}
     for v in declared:
@@ -40,4 +41,4 @@ def guard_spec(declared: list[Value], store: ShapeStore) -> GuardSpec:
         (name, info.lo, info.hi, str(info.range_origin) if info.range_origin else "declared")
         for name, info in store.symbols.items()
     )
-    return GuardSpec(tuple(inputs), ranges, tuple(_check(f) for f in store.checks()), sites)
+    return GuardSpec(tuple(inputs), ranges, tuple(_check(f) for f in store.checks()), sites, device)
