@@ -144,6 +144,11 @@ class CompiledModule:
         without the model's code (`symfuse.artifact`)."""
         from symfuse.artifact import save
 
+        if self.options.backend == "triton":
+            raise NotImplementedError(
+                "saving a GPU (triton) program is not supported yet: compile the model on the GPU machine, "
+                "or save a CPU compilation (device='cpu')"
+            )
         return save(self, path)
 
     def __repr__(self) -> str:

@@ -193,6 +193,12 @@ def test_half_precision_storage():
     assert "precision fp16" in c.explain(with_graph=False)
 
 
+def test_saving_a_gpu_program_says_it_is_not_supported(tmp_path):
+    c = _run(Embed(), lambda b, s: (torch.randint(0, 50, (b, s)),), _dyn("ids"))
+    with pytest.raises(NotImplementedError, match="saving a GPU"):
+        c.save(str(tmp_path / "a"))
+
+
 def test_options_say_what_is_wrong():
     m = Embed().eval()
     ids = torch.randint(0, 50, (2, 5))

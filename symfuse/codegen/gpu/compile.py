@@ -219,8 +219,8 @@ class GpuBackend:
         for st in steps:
             if isinstance(st, AttentionStep):
                 if st.library:
-                    launches += 1
-                    what = "torch's fused attention (flash attention where the GPU has it)"
+                    launches += 2
+                    what = "torch's fused attention (flash attention where the GPU has it), copied into its layout"
                 else:
                     launches += 2 + (st.softmax.name in self.kernels)
                     what = "the three steps (torch.matmul, Triton, torch.matmul)"
