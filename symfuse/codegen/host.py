@@ -299,7 +299,7 @@ def _is_compute(line: str) -> bool:
     starts = ("k.", "te_", "matmul(", "launch(", "if ", "else:")
     if ".copy_(sdpa(" in line:
         return True
-    calls = (" = linear(", " = conv(", " = op_", " = activation(", "+=")
+    calls = (" = linear(", " = conv(", " = op_", " = activation(", " = in_layout(sdpa(", "+=")
     return line.startswith(starts) or any(c in line for c in calls)
 
 

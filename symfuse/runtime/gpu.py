@@ -37,6 +37,14 @@ def launch(kernel, rows: int, length: int, *args) -> None:
     kernel[((rows + block_r - 1) // block_r,)](*args, rows, BLOCK_R=block_r, BLOCK=block)
 
 
+def _in_layout(x: torch.Tensor, shape: tuple, strides: tuple) -> torch.Tensor:
+    """`x` itself where it already has the buffer's strides (dims of size 1 aside), else a copy
+    at those strides."""
+    if all(n == 1 or a == b for n, a, b in zip(shape, x.stride(), strides)):
+        return x
+    return torch.empty_strided(shape, strides, dtype=x.dtype, device=x.device).copy_(x)
+
+
 def _activation(t: torch.Tensor, attr: str, algo: str) -> torch.Tensor:
     if attr == "gelu":
         return F.gelu(t, approximate=algo or "none")
@@ -113,6 +121,7 @@ class GpuProgram:
             "matmul": torch.matmul,
             "conv": _conv,
             "activation": _activation,
+            "in_layout": _in_layout,
             "sdpa": F.scaled_dot_product_attention,
             "torch": torch,
             "now": now,

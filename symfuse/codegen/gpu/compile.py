@@ -101,7 +101,9 @@ class _GpuHost(_Host):
         k = View(kt.buffer, kt.sizes[:-2] + kt.sizes[::-1][:2], kt.strides[:-2] + kt.strides[::-1][:2], kt.offset)
         mask = self.view(st.library.mask) if st.library.mask else "None"
         call = f"sdpa({self.view(q)}, {self.view(k)}, {self.view(v)}, attn_mask={mask}, scale={st.library.scale!r})"
-        return [self.alloc(st.out), f"t_{st.out}.copy_({call})"]
+        b = self.s.buffers[st.out]
+        # flash attention already returns the [B, S, H, D] order the next GEMM reads: no copy then
+        return [f"t_{st.out} = in_layout({call}, {self.tup(b.shape)}, {self.tup(b.strides)})"]
 
 
 @dataclass
@@ -219,8 +221,8 @@ class GpuBackend:
         for st in steps:
             if isinstance(st, AttentionStep):
                 if st.library:
-                    launches += 2
-                    what = "torch's fused attention (flash attention where the GPU has it), copied into its layout"
+                    launches += 1
+                    what = "torch's fused attention (flash where the GPU has it; copied only if its layout differs)"
                 else:
                     launches += 2 + (st.softmax.name in self.kernels)
                     what = "the three steps (torch.matmul, Triton, torch.matmul)"
