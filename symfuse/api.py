@@ -171,8 +171,7 @@ def _on_cpu(model: torch.nn.Module) -> torch.nn.Module:
     """A CPU copy of a device model to capture from (the model itself is left where it is)."""
     import copy
 
-    cpu = copy.deepcopy(model).cpu()
-    return cpu
+    return copy.deepcopy(model).cpu()
 
 
 def compile(  # noqa: A001

@@ -9,6 +9,7 @@ torch.compile's with Dynamo's count of compiled graphs.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import statistics
@@ -54,7 +55,7 @@ def engines(case, precision: str, which: list[str]):
 
     half = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
     model = case.model.cuda().eval()
-    low = model if half is None else _copy(model).to(half)
+    low = model if half is None else copy.deepcopy(model).to(half)
     out = {}
     if "symfuse" in which:
         ex = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.inputs(**case.example).items()}
@@ -81,17 +82,11 @@ def engines(case, precision: str, which: list[str]):
     return out
 
 
-def _copy(model):
-    import copy
-
-    return copy.deepcopy(model)
-
-
 def run(
     model: str, bindings: list[dict], precision: str, rounds: int, folder: str, which: list[str], log=print
 ) -> dict:
     case = load(model)
-    results: dict = {"model": model, "precision": precision, "device": torch.cuda.get_device_name(), "rows": []}
+    results: dict = {"model": model, "precision": precision, "device": torch.cuda.get_device_name()}
     eager = engines(case, "fp32", ["eager"])["eager"][0]()  # the fp32 reference for errors
     inputs = [
         {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in case.inputs(**b).items()} for b in bindings

@@ -29,7 +29,7 @@ from symfuse.fusion.plan import Plan, plan
 from symfuse.ir.graph import Graph, print_graph
 from symfuse.options import Options
 from symfuse.runtime.program import OneDNNWeights, Program
-from symfuse.schedule.attention import AttentionStep, merge_attention
+from symfuse.schedule.attention import AttentionStep, find_step, merge_attention
 from symfuse.schedule.steps import GemmStep, NativeStep, Schedule
 from symfuse.schedule.steps import build as build_schedule
 from symfuse.shape.store import ShapeStore
@@ -108,13 +108,7 @@ class Generated:
     symbols: list[str]  # the order of `sym[]`, the sizes every kernel reads
 
     def step(self, name: str) -> NativeStep:
-        """A native step by name, the parts of merged attention included."""
-        for st in self.schedule.steps:
-            parts = (st.scores, st.softmax, st.context) if isinstance(st, AttentionStep) else ()
-            for s in (st, *parts):
-                if s.name == name:
-                    return s
-        raise KeyError(name)
+        return find_step(self.schedule, name)
 
 
 def generate(graph: Graph, store: ShapeStore, target: Target) -> Generated:
@@ -206,7 +200,7 @@ def compile_program(graph: Graph, store: ShapeStore, opts: Options, target: Targ
     t["switch points"] = time.perf_counter() - t0
     program = link(host, library, len(store.symbols), consts, panels, gen.gathers, thresholds, gen.step)
     if opts.dump_dir:
-        _dump(opts.dump_dir, graph, gen.te, gen.plan, gen.schedule, gen.source, host.source)
+        dump_stages(opts.dump_dir, graph, gen.te, gen.plan, ("4_kernels.cpp", gen.source), host.source)
     return Backend(program, target, thresholds, host, gen.gathers, gen.tile, cached, t, gen)
 
 
@@ -245,7 +239,8 @@ def switch_points(wanted: dict[str, tuple[str, tuple[int, ...]]], target: Target
     return {name: cal.get(kind, shape, streamed and kind == "linear_rows") for name, (kind, shape) in wanted.items()}
 
 
-def _dump(folder: str, graph: Graph, prog: TEProgram, fp: Plan, sched: Schedule, cpp: str, host: str) -> None:
+def dump_stages(folder: str, graph: Graph, prog: TEProgram, fp: Plan, kernels: tuple[str, str], host: str) -> None:
+    """Write every stage to `folder`: graph, TEs, fusion plan, kernels (file name, source), host."""
     os.makedirs(folder, exist_ok=True)
     files = {
         "1_graph.txt": print_graph(graph, with_constants=False),
@@ -253,7 +248,7 @@ def _dump(folder: str, graph: Graph, prog: TEProgram, fp: Plan, sched: Schedule,
         "3_fusion_plan.txt": "\n".join(str(k) for k in fp.kernels)
         + "\n\nrefused:\n"
         + "\n".join(f"{d.producer} -> {d.consumer}: {d.reason}" for d in fp.refused()),
-        "4_kernels.cpp": cpp,
+        kernels[0]: kernels[1],
         "5_host.py": host,
     }
     for name, text in files.items():

@@ -149,12 +149,16 @@ class _Host:
             call = f"conv({x}, {w}, {bias}, {list(pad)}, {list(stride)}, {list(dil)}, {groups}, {attr!r}, [], {algo!r})"
             out.append(f"t_{st.out} = {call}.contiguous()")
         else:
-            out.append(self.alloc(st.out))
-            out.append(f"matmul({self.view(st.a)}, {self.view(st.b)}, out=t_{st.out})")
-            if st.bias:
-                out.append(f"t_{st.out} += {self.ref(st.bias)}")
+            out += self.batched(st)
         if st.epilogue is not None:
             out += self.native(st.epilogue)
+        return out
+
+    def batched(self, st: GemmStep) -> list[str]:
+        """A batched product on strided views of its operands' buffers (torch.matmul)."""
+        out = [self.alloc(st.out), f"matmul({self.view(st.a)}, {self.view(st.b)}, out=t_{st.out})"]
+        if st.bias:
+            out.append(f"t_{st.out} += {self.ref(st.bias)}")
         return out
 
     def attention(self, st: AttentionStep) -> list[str]:

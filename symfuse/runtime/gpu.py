@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from symfuse.runtime.program import NativeIndexError, Workspaces, _view
+from symfuse.runtime.program import HostProgram, NativeIndexError, Workspaces, _view
 
 ELEMENTS_PER_PROGRAM = 1024
 
@@ -55,7 +55,7 @@ def _conv(x, w, bias, stride, padding, dilation, groups):
     return F.conv2d(x, w, bias, stride, padding, dilation, groups)
 
 
-class GpuProgram:
+class GpuProgram(HostProgram):
     def __init__(
         self,
         source: str,
@@ -69,13 +69,12 @@ class GpuProgram:
         self.source = source
         self.device = device
         self.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "Triton interpreter"
-        self.thresholds: dict[str, int] = {}
         self.workspaces = Workspaces(device)
         self._kernels = kernels
         self.max_graphs = max_graphs
         self.graphs_enabled = device.type == "cuda" and max_graphs > 0
         self._graphs: OrderedDict[tuple, tuple] = OrderedDict()  # binding -> (graph, static inputs, outputs, err)
-        self._seen: dict[tuple, int] = {}
+        self._seen: OrderedDict[tuple, bool] = OrderedDict()  # bindings called once, without a graph yet
         self._graph_lock = threading.Lock()
         self._last_err = threading.local()
 
@@ -135,20 +134,6 @@ class GpuProgram:
         self._run = ns["run"]
         self._run_timed = ns["run_timed"]
 
-    workspace_high_water = property(lambda self: self.workspaces.high_water)
-    workspace_bytes = property(lambda self: self.workspaces.held)
-
-    @property
-    def workspace_cap(self) -> int | None:
-        return self.workspaces.cap
-
-    @workspace_cap.setter
-    def workspace_cap(self, nbytes: int | None) -> None:
-        self.workspaces.cap = nbytes
-
-    def release_workspace(self) -> int:
-        return self.workspaces.release()
-
     def versions(self) -> int:
         """Triton kernel versions compiled so far (a kernel and a BLOCK choice each)."""
         total = 0
@@ -170,12 +155,17 @@ class GpuProgram:
         key = tuple(binding.items())
         with self._graph_lock:
             entry = self._graphs.get(key)
+            first = entry is None and self._seen.pop(key, False) is False
+            if first:  # remembered for its second call; bindings seen once are bounded too
+                self._seen[key] = True
+                while len(self._seen) > 4 * self.max_graphs:
+                    self._seen.popitem(last=False)
+        if entry is None and (first or torch.cuda.is_current_stream_capturing()):
+            return self._run(inputs, binding)  # the first call also compiles what it needs; no lock held
+        with self._graph_lock:
+            entry = self._graphs.get(key)  # (another thread may have captured it meanwhile)
             if entry is None:
-                seen = self._seen[key] = self._seen.get(key, 0) + 1
-                if seen < 2 or torch.cuda.is_current_stream_capturing():
-                    return self._run(inputs, binding)  # the first call also compiles what it needs
-                entry = self._capture(inputs, binding)
-                self._graphs[key] = entry
+                entry = self._graphs[key] = self._capture(inputs, binding)
                 while len(self._graphs) > self.max_graphs:
                     self._graphs.popitem(last=False)
             self._graphs.move_to_end(key)
@@ -206,15 +196,3 @@ class GpuProgram:
         finally:
             self.workspaces.keep = True
         return graph, static, outs, err
-
-    def profile(self, inputs: list[torch.Tensor], binding: dict[str, int]) -> tuple[list[tuple[str, float]], float]:
-        times: list[tuple[str, float]] = []
-
-        def tick(step: str, seconds: float) -> None:
-            times.append((step, seconds))
-
-        with torch.no_grad():
-            t0 = self._ns["now"]()
-            self._run_timed(inputs, binding, tick)
-            total = self._ns["now"]() - t0
-        return times, total

@@ -19,7 +19,44 @@ class NativeIndexError(IndexError):
     pass
 
 
-class Program:
+class HostProgram:
+    """What the CPU and GPU programs share: a generated host function (`run`, `run_timed`, in
+    the namespace `_ns`, whose `now` is the clock `profile` reads) and per-thread workspaces."""
+
+    workspaces: Workspaces
+    _ns: dict
+
+    workspace_high_water = property(lambda self: self.workspaces.high_water)
+    workspace_bytes = property(lambda self: self.workspaces.held)
+
+    @property
+    def workspace_cap(self) -> int | None:
+        return self.workspaces.cap
+
+    @workspace_cap.setter
+    def workspace_cap(self, nbytes: int | None) -> None:
+        self.workspaces.cap = nbytes
+
+    def release_workspace(self) -> int:
+        """Drop every thread's workspace (the next call allocates afresh); returns the bytes freed."""
+        return self.workspaces.release()
+
+    def profile(self, inputs: list[torch.Tensor], binding: dict[str, int]) -> tuple[list[tuple[str, float]], float]:
+        """One call: seconds inside each step's kernel and library calls, and the whole call's
+        seconds (the difference is the host's overhead: sizes, views, allocation, ctypes)."""
+        times: list[tuple[str, float]] = []
+
+        def tick(step: str, seconds: float) -> None:
+            times.append((step, seconds))
+
+        with torch.no_grad():
+            t0 = self._ns["now"]()
+            self._run_timed(inputs, binding, tick)
+            total = self._ns["now"]() - t0
+        return times, total
+
+
+class Program(HostProgram):
     def __init__(
         self,
         source: str,
@@ -86,21 +123,6 @@ class Program:
         self._run = ns["run"]
         self._run_timed = ns["run_timed"]
 
-    workspace_high_water = property(lambda self: self.workspaces.high_water)
-    workspace_bytes = property(lambda self: self.workspaces.held)
-
-    @property
-    def workspace_cap(self) -> int | None:
-        return self.workspaces.cap
-
-    @workspace_cap.setter
-    def workspace_cap(self, nbytes: int | None) -> None:
-        self.workspaces.cap = nbytes
-
-    def release_workspace(self) -> int:
-        """Drop every thread's workspace (the next call allocates afresh); returns the bytes freed."""
-        return self.workspaces.release()
-
     def set_threshold(self, name: str, value: int) -> None:
         """Move a version switch point (read by the host code at every call)."""
         if name not in self.thresholds:
@@ -110,20 +132,6 @@ class Program:
     def __call__(self, inputs: list[torch.Tensor], binding: dict[str, int]) -> list[torch.Tensor]:
         with torch.no_grad():
             return self._run(inputs, binding)
-
-    def profile(self, inputs: list[torch.Tensor], binding: dict[str, int]) -> tuple[list[tuple[str, float]], float]:
-        """One call: seconds inside each step's kernel and library calls, and the whole call's
-        seconds (the difference is the host's overhead: sizes, views, allocation, ctypes)."""
-        times: list[tuple[str, float]] = []
-
-        def tick(step: str, seconds: float) -> None:
-            times.append((step, seconds))
-
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            self._run_timed(inputs, binding, tick)
-            total = time.perf_counter() - t0
-        return times, total
 
 
 class Workspaces:

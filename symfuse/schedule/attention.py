@@ -43,6 +43,19 @@ class AttentionStep:
     library: LibraryForm | None = None
 
 
+def find_step(sched: Schedule, name: str) -> NativeStep:
+    """A native step by name: a step of the schedule, a part of merged attention, or a GEMM's
+    epilogue."""
+    for st in sched.steps:
+        parts = (st.scores, st.softmax, st.context) if isinstance(st, AttentionStep) else ()
+        for s in (st, *parts):
+            if s.name == name:
+                return s
+            if isinstance(s, GemmStep) and s.epilogue is not None and s.epilogue.name == name:
+                return s.epilogue
+    raise KeyError(name)
+
+
 def _reads(st: Step) -> set[str]:
     from symfuse.te.analysis import loads
 

@@ -38,6 +38,20 @@ def loads(s: Scalar, bound: frozenset = frozenset()):
         yield from loads(s.body, bound | {a for a, _ in s.axes})
 
 
+def loads_through(s: Scalar, inline: dict[str, TE]):
+    """Every load in `s`, with loads of the generators in `inline` replaced by theirs."""
+    for ld, _ in loads(s):
+        if ld.tensor in inline:
+            yield from loads_through(inline[ld.tensor].body, inline)
+        else:
+            yield ld
+
+
+def row_scalar(t: TE) -> bool:
+    """One value per row (rank 0, or a last dim of 1): a row statistic such as a mean."""
+    return not t.shape or t.shape[-1] == 1
+
+
 def relation(load: Load, reduce_vars: frozenset) -> str:
     if any(not isinstance(i, sympy.Expr) for i in load.index):
         return GATHER

@@ -99,6 +99,12 @@ def fmt_scalar(s: Scalar) -> str:
     return f"{s.op}({fmt_scalar(s.body)} for {axes})"
 
 
+def fmt_short(s: Scalar, n: int = 150) -> str:
+    """`fmt_scalar`, cut to `n` characters (for generated kernels' headers)."""
+    text = fmt_scalar(s)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
 def fmt_te(t: TE | Opaque) -> str:
     if isinstance(t, Opaque):
         return f"{t.name} = torch reference of {t.op}  # {t.origin}"

@@ -24,8 +24,8 @@ from symfuse.ir.dims import Dim, fmt, fmt_shape
 from symfuse.ir.dtypes import DType
 from symfuse.schedule.layout import address
 from symfuse.schedule.steps import Buffer, NativeStep
-from symfuse.te.analysis import has_reduce, in_row, loads
-from symfuse.te.ir import TE, Call, Const, Index, Load, Reduce, Scalar, fmt_scalar, substitute
+from symfuse.te.analysis import has_reduce, in_row, loads, loads_through, row_scalar
+from symfuse.te.ir import TE, Call, Const, Index, Load, Reduce, Scalar, fmt_short, substitute
 
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _COMPARE = {
@@ -101,7 +101,7 @@ class _Emitter:
             m = self.local[ld.tensor]
             if not in_row(ld.index, m.axes, m.shape):
                 raise CodegenError(f"{ld.tensor} is read outside its row inside kernel {self.step.name}")
-            if _row_scalar(m):
+            if row_scalar(m):
                 return f"v_{m.name}", m.dtype
             return f"v_{m.name}[{cidx(ld.index[-1], self.names)}]", m.dtype
         buf = self.buffers[ld.tensor]
@@ -218,7 +218,7 @@ class _Emitter:
         for m in st.members:
             if m.dtype not in CTYPE:
                 raise CodegenError(f"{m.name} has dtype {m.dtype}, which the CPU code generator does not support")
-        ins = sorted({ld.tensor for m in st.members for ld in _loads(m.body, st.inline)} - set(outs)
+        ins = sorted({ld.tensor for m in st.members for ld in loads_through(m.body, st.inline)} - set(outs)
                      - {m.name for m in st.members} - set(self.rows_in))  # fmt: skip
         for n in ins + outs:
             if self.buffers[n].dtype not in CTYPE:
@@ -227,7 +227,7 @@ class _Emitter:
         # an element-wise member read at one place is computed where it is read
         sites = Counter(ld.tensor for m in st.members for ld, _ in loads(m.body))
         self.inlined = {
-            n: m for n, m in self.local.items() if sites[n] == 1 and not _row_scalar(m) and not has_reduce(m.body)
+            n: m for n, m in self.local.items() if sites[n] == 1 and not row_scalar(m) and not has_reduce(m.body)
         }
         for n in self.inlined:
             del self.local[n]
@@ -260,7 +260,7 @@ class _Emitter:
             f"// {st.name} [{st.kind}]: {', '.join(m.name for m in st.members)}",
             f"//   rows {fmt_shape(rows)}; writes {', '.join(f'{n}{fmt_shape(self.buffers[n].shape)}' for n in outs)}",
         ]
-        header += [f"//   {m.name}{fmt_shape(m.shape)} = {_short(fmt_scalar(m.body))}" for m in st.members]
+        header += [f"//   {m.name}{fmt_shape(m.shape)} = {fmt_short(m.body)}" for m in st.members]
         self.line("\n".join(header))
         self.line(f'extern "C" void {st.name}({", ".join(sig)}) {{')
         self.depth = 1
@@ -308,7 +308,7 @@ class _Emitter:
     def member(self, m: TE) -> None:
         ct = CTYPE[m.dtype]
         self.line(f"// {m.name}")
-        if _row_scalar(m):  # one value per row: straight-line code, a const local when kept
+        if row_scalar(m):  # one value per row: straight-line code, a const local when kept
             body = substitute(m.body, {m.axes[-1]: sympy.Integer(0)}) if m.axes else m.body
             code = self.typed(body, m.dtype)
             if m.name in self.local:
@@ -345,22 +345,6 @@ class _Emitter:
 
 def _reads_memory(s: Scalar) -> bool:
     return any(True for _ in loads(s))
-
-
-def _row_scalar(m: TE) -> bool:
-    return not m.shape or m.shape[-1] == 1
-
-
-def _loads(s: Scalar, inline: dict[str, TE]):
-    for ld, _ in loads(s):
-        if ld.tensor in inline:
-            yield from _loads(inline[ld.tensor].body, inline)
-        else:
-            yield ld
-
-
-def _short(text: str, n: int = 150) -> str:
-    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def emit_kernel(step: NativeStep, buffers: dict[str, Buffer], symbols: list[str], gathers: list[str]) -> KernelSource:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import logging
 import os
 import re
 import time
@@ -22,24 +21,22 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
-from symfuse.codegen.compile import share
+from symfuse.codegen.compile import dump_stages, share
 from symfuse.codegen.cpu.build import cache_folder
 from symfuse.codegen.cpu.c import CodegenError
 from symfuse.codegen.gpu.kernel import PRELUDE, TritonSource, emit_triton
 from symfuse.codegen.host import HostCode, _Host, opaque_functions
 from symfuse.fusion.plan import Plan, plan
 from symfuse.ir.dtypes import DType
-from symfuse.ir.graph import Graph, print_graph
+from symfuse.ir.graph import Graph
 from symfuse.options import Options
 from symfuse.runtime.gpu import GpuProgram
-from symfuse.schedule.attention import AttentionStep, merge_attention
+from symfuse.schedule.attention import AttentionStep, find_step, merge_attention
 from symfuse.schedule.steps import GemmStep, NativeStep, Schedule
 from symfuse.schedule.steps import build as build_schedule
 from symfuse.shape.store import ShapeStore
 from symfuse.te.analysis import analyse
 from symfuse.te.lower import TEProgram, lower
-
-log = logging.getLogger("symfuse")
 
 PRECISIONS = {"fp32": DType.float32, "fp16": DType.float16, "bf16": DType.bfloat16}
 
@@ -75,10 +72,7 @@ class _GpuHost(_Host):
             bias = self.ref(st.bias) if st.bias else "None"
             out.append(f"t_{st.out} = conv({x}, {w}, {bias}, {list(stride)}, {list(pad)}, {list(dil)}, {groups})")
         else:
-            out.append(self.alloc(st.out))
-            out.append(f"matmul({self.view(st.a)}, {self.view(st.b)}, out=t_{st.out})")
-            if st.bias:
-                out.append(f"t_{st.out} += {self.ref(st.bias)}")
+            out += self.batched(st)
         if act:
             out.append(act)
         if st.conv is not None:
@@ -126,7 +120,7 @@ def generate_gpu(graph: Graph, store: ShapeStore, precision: str = "fp32") -> Gp
     fp = plan(prog, analysis, store)
     sched = merge_attention(build_schedule(prog, analysis, fp))
     symbols = list(store.symbols)
-    storage = _half_storage(sched, graph, PRECISIONS[precision])
+    storage = _half_storage(sched, PRECISIONS[precision])
     kernels: dict[str, TritonSource] = {}
     gathers: list[str] = []
     steps = []
@@ -147,12 +141,12 @@ def generate_gpu(graph: Graph, store: ShapeStore, precision: str = "fp32") -> Gp
     if not gathers:  # no error slot to fill or check: no device allocation, no sync per call
         host.source = re.sub(r"sym = Sym\(.*\)", "sym = None", host.source)
     if storage:
-        host.source = _cast_boundary(host.source, sched, graph, storage)
+        host.source = _cast_boundary(host.source, graph, storage)
     source = PRELUDE + "\n\n" + "\n\n".join(k.source for k in kernels.values() if not k.function) + "\n"
     return GpuGenerated(prog, fp, sched, kernels, gathers, host, source, symbols, storage)
 
 
-def _half_storage(sched: Schedule, graph: Graph, dtype: DType) -> dict[str, DType]:
+def _half_storage(sched: Schedule, dtype: DType) -> dict[str, DType]:
     """Store every float32 buffer in `dtype` (fp16/bf16); returns what changed."""
     if dtype is DType.float32:
         return {}
@@ -164,7 +158,7 @@ def _half_storage(sched: Schedule, graph: Graph, dtype: DType) -> dict[str, DTyp
     return changed
 
 
-def _cast_boundary(source: str, sched: Schedule, graph: Graph, storage: dict[str, DType]) -> str:
+def _cast_boundary(source: str, graph: Graph, storage: dict[str, DType]) -> str:
     """Float inputs are cast to the storage precision on entry, float outputs back on return."""
     for i, v in enumerate(graph.inputs):
         if v.name in storage:
@@ -193,13 +187,11 @@ class GpuBackend:
     gen: GpuGenerated
     module_path: str
     seconds: dict[str, float] = field(default_factory=dict)
-    artifact: str = ""
 
     te = property(lambda self: self.gen.te)
     plan = property(lambda self: self.gen.plan)
     schedule = property(lambda self: self.gen.schedule)
     kernels = property(lambda self: self.gen.kernels)
-    thresholds: dict = field(default_factory=dict)
 
     def explain_lines(self) -> list[str]:
         steps = self.schedule.steps
@@ -300,32 +292,9 @@ def compile_gpu(graph: Graph, store: ShapeStore, opts: Options) -> GpuBackend:
     def describe(i: int) -> str:
         return gen.gathers[i] if 0 <= i < len(gen.gathers) else f"gather #{i}"
 
-    def step(name: str) -> NativeStep:
-        for st in gen.schedule.steps:
-            parts = (st.scores, st.softmax, st.context) if isinstance(st, AttentionStep) else ()
-            for s in (st, *parts):
-                if s.name == name or (isinstance(s, GemmStep) and s.epilogue and s.epilogue.name == name):
-                    return s.epilogue if isinstance(s, GemmStep) else s
-        raise KeyError(name)
-
-    functions = opaque_functions(host.recipes, step)
+    functions = opaque_functions(host.recipes, lambda name: find_step(gen.schedule, name))
     kernels = {name: getattr(module, name) for name in host.kernels}
     program = GpuProgram(host.source, kernels, tensors, functions, describe, device, opts.cuda_graphs)
     if opts.dump_dir:
-        _dump(opts.dump_dir, graph, gen, path)
+        dump_stages(opts.dump_dir, graph, gen.te, gen.plan, ("4_kernels_triton.py", gen.source), host.source)
     return GpuBackend(program, str(device), opts.precision, gen, path, t)
-
-
-def _dump(folder: str, graph: Graph, gen: GpuGenerated, path: str) -> None:
-    os.makedirs(folder, exist_ok=True)
-    files = {
-        "1_graph.txt": print_graph(graph, with_constants=False),
-        "2_tensor_expressions.txt": str(gen.te),
-        "3_fusion_plan.txt": "\n".join(str(k) for k in gen.plan.kernels),
-        "4_kernels_triton.py": gen.source,
-        "5_host.py": gen.host.source,
-    }
-    for name, text in files.items():
-        with open(os.path.join(folder, name), "w") as f:
-            f.write(text + ("\n" if not text.endswith("\n") else ""))
-    log.info("symfuse: wrote every stage to %s (Triton module %s)", folder, path)

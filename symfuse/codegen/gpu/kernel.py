@@ -27,8 +27,8 @@ from symfuse.ir.dims import Dim, Spelling, fmt, fmt_shape, render
 from symfuse.ir.dtypes import DType
 from symfuse.schedule.layout import address
 from symfuse.schedule.steps import Buffer, NativeStep
-from symfuse.te.analysis import in_row, loads
-from symfuse.te.ir import TE, Call, Const, Index, Load, Reduce, Scalar, fmt_scalar, substitute
+from symfuse.te.analysis import in_row, loads, loads_through, row_scalar
+from symfuse.te.ir import TE, Call, Const, Index, Load, Reduce, Scalar, fmt_short, substitute
 
 TL = {
     DType.float32: "tl.float32",
@@ -152,14 +152,20 @@ class _Emitter:
     def named(self, key, base: str, code: str) -> str:
         """`code` bound to a variable once per loop body (loads and recomputed members are
         read several times: the kernel names each once, which also reads better)."""
-        for scope in reversed(self.memo):
-            if key in scope:
-                return scope[key]
+        known = self.recall(key)
+        if known is not None:
+            return known
         self.fresh += 1
         v = f"t{self.fresh}_{base}"
         self.line(f"{v} = {code}")
         self.memo[-1][key] = v
         return v
+
+    def recall(self, key) -> str | None:
+        for scope in reversed(self.memo):
+            if key in scope:
+                return scope[key]
+        return None
 
     def enter(self) -> None:
         self.depth += 1
@@ -194,10 +200,8 @@ class _Emitter:
         if isinstance(s, Call):
             return frozenset().union(*(self.axes_of(a, ctx) for a in s.args)) if s.args else frozenset()
         if isinstance(s, Reduce):
-            inner = {v for v, _ in s.axes}
-            return self.axes_of(s.body, ctx) - {
-                ax for v, (_, ax) in ctx.axes.items() if v in inner
-            }  # (reduced axes vanish)
+            reduced = {v for v, _ in s.axes}
+            return self.axes_of(s.body, ctx) - {ax for v, (_, ax) in ctx.axes.items() if v in reduced}
         return frozenset()
 
     # -- scalars ------------------------------------------------------------------------
@@ -243,22 +247,24 @@ class _Emitter:
             index.append(self.gather(ld, k, i, buf, ctx))
         addr = address(tuple(sympy.Symbol(f"@{k}") for k in range(len(index))), buf.strides)
         code = render(addr, {sympy.Symbol(f"@{k}"): f"({c})" for k, c in enumerate(index)} | self.names, TRITON_INDEX)
-        mask, pad = self.mask_for(axes, ctx)
+        # every load takes its context's mask; its pointer is widened to the mask's axes (an
+        # address that does not vary along the rows still loads one value per row)
+        pad = "".join(f" + z{a}" for a in sorted(ctx.mask_axes - axes))
         ptr = f"p_{ld.tensor} + {code}{pad}"
-        value = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
+        value = f"tl.load({ptr}, mask={ctx.mask}, other=0)"
         dt = buf.dtype
         if dt in _WIDE:
             value, dt = f"{value}.to({TL[_WIDE[dt]]})", _WIDE[dt]
-        return self.named((ptr, mask), ld.tensor, value), dt
-
-    def mask_for(self, axes: frozenset, ctx: _Ctx) -> tuple[str, str]:
-        """Every load takes its context's mask; its pointer is widened to the mask's axes (an
-        address that does not vary along the rows still loads one value per row)."""
-        return ctx.mask, "".join(f" + z{a}" for a in sorted(ctx.mask_axes - axes))
+        return self.named((ptr, ctx.mask), ld.tensor, value), dt
 
     def gather(self, ld: Load, k: int, i: Scalar, buf: Buffer, ctx: _Ctx) -> str:
         """A data-dependent index, checked: an out-of-range one reads element 0 and is reported
-        in the call's error slot (index, extent, site), which the host checks after the call."""
+        in the call's error slot (index, extent, site), which the host checks after the call.
+        Checked once per loop body, however often the gathered value is read."""
+        key = ("gather", ld.tensor, k, i, ctx.mask)
+        known = self.recall(key)
+        if known is not None:
+            return known
         code, _ = self.expr(i, ctx)
         v = self.var("g")
         source = ", ".join(sorted({x.tensor for x, _ in loads(i)})) or "a computed index"
@@ -272,6 +278,7 @@ class _Emitter:
         for slot, value in enumerate((v, extent, site)):
             self.line(f"tl.store(sf_err + {slot} + 0 * {v}, {value} + 0 * {v}, mask={bad})")
         self.line(f"{v} = tl.where({bad}, 0, {v})")
+        self.memo[-1][key] = v
         return v
 
     def reduce(self, r: Reduce, ctx: _Ctx) -> str:
@@ -289,10 +296,9 @@ class _Emitter:
         axes = dict(ctx.axes)
         depth0 = self.depth
         for v, ext in outer:
-            name = f"{v.name}"
-            self.line(f"for {name} in range(0, {self.idx(ext, ctx)}):")
+            self.line(f"for {v.name} in range(0, {self.idx(ext, ctx)}):")
             self.enter()
-            axes[v] = (name, None)
+            axes[v] = (v.name, None)
         mask, mask_axes = ctx.mask, ctx.mask_axes
         if last is not None:
             v, ext = last
@@ -307,8 +313,6 @@ class _Emitter:
         inner = _Ctx(axes, mask, mask_axes)
         code, dt = self.expr(r.body, inner)
         val = code if dt.is_float == r.dtype.is_float and dt is not DType.bool else f"({code}).to({acc_t})"
-        if r.dtype is DType.bool:
-            val = f"({code}).to(tl.int64)"
         if last is not None:
             val = self.named(("masked", val), "x", f"tl.where({mask}, {val}, {init})")
         if r.op == "sum":
@@ -328,9 +332,7 @@ class _Emitter:
                 self.line(f'{out} = tl.where(tl.max({acc}_nan, axis=1)[:, None] > 0, float("nan"), {out})')
         if r.dtype is DType.bool:
             return f"({out} != 0)"
-        if r.dtype.is_float or r.dtype is DType.int64:
-            return out if r.dtype in (DType.float32, DType.int64) else f"{out}.to({TL[r.dtype]})"
-        return f"{out}.to({TL[r.dtype]})"
+        return out if r.dtype in (DType.float32, DType.int64) else f"{out}.to({TL[r.dtype]})"
 
     def tile_shape(self, ctx: _Ctx) -> str:
         ax = {a for _, a in ctx.axes.values()}
@@ -442,7 +444,7 @@ class _Emitter:
                 raise CodegenError(f"{m.name} has dtype {m.dtype}, which the Triton generator does not support")
         outs = list(st.outputs)
         members = {m.name for m in st.members}
-        reads = {ld.tensor for m in st.members for ld in _loads(m.body, st.inline)}
+        reads = {ld.tensor for m in st.members for ld in loads_through(m.body, st.inline)}
         ins = sorted(reads - set(outs) - members)
         for n in ins + outs:
             if self.buffers[n].dtype not in TL:
@@ -450,8 +452,8 @@ class _Emitter:
         # members kept inside: one value per row is computed once, a whole row where it is read
         # one value per row is computed once; a whole row is recomputed where it is read (a
         # member this kernel stores too: another lane of the program may not have stored it yet)
-        self.scalars = {m.name: m for m in st.members if _row_scalar(m)}
-        self.local_rows = {m.name: m for m in st.members if not _row_scalar(m)}
+        self.scalars = {m.name: m for m in st.members if row_scalar(m)}
+        self.local_rows = {m.name: m for m in st.members if not row_scalar(m)}
         rows = st.rows
         row_axes = {}
         self.depth = 1
@@ -491,7 +493,7 @@ class _Emitter:
             f"# {st.name} [{st.kind}]: {', '.join(m.name for m in st.members)}",
             f"#   rows {fmt_shape(rows)}; writes {', '.join(f'{n}{fmt_shape(self.buffers[n].shape)}' for n in outs)}",
         ]
-        header += [f"#   {m.name}{fmt_shape(m.shape)} = {_short(fmt_scalar(m.body))}" for m in st.members]
+        header += [f"#   {m.name}{fmt_shape(m.shape)} = {fmt_short(m.body)}" for m in st.members]
         nospec = ", ".join(repr(p) for p in syms + ["n_rows"])
         src = "\n".join(header) + "\n"
         src += f"@triton.jit(do_not_specialize=[{nospec}])\n"
@@ -504,7 +506,7 @@ class _Emitter:
         """The lengths a chunk walks (last dims and reduced axes): the host sizes BLOCK from them."""
         out = []
         for m in self.step.members:
-            if m.shape and not _row_scalar(m):
+            if m.shape and not row_scalar(m):
                 out.append(m.shape[-1])
             for s in _reduces(m.body):
                 out.append(s.axes[-1][1])
@@ -513,7 +515,7 @@ class _Emitter:
     def member(self, m: TE, row_ctx: _Ctx) -> None:
         buf = self.buffers[m.name]
         self.line(f"# {m.name}")
-        if _row_scalar(m):  # computed above
+        if row_scalar(m):  # computed above
             index = tuple(m.axes[:-1]) + ((sympy.Integer(0),) if m.axes else ())
             addr = self.idx(address(index, buf.strides), row_ctx)
             self.line(f"tl.store(p_{m.name} + {addr} + zR, v_{m.name}, mask=row_ok)")
@@ -554,10 +556,6 @@ def wide_of(a: DType, b: DType) -> DType:
     return DType.int64
 
 
-def _row_scalar(m: TE) -> bool:
-    return not m.shape or m.shape[-1] == 1
-
-
 def _reduces(s: Scalar):
     if isinstance(s, Reduce):
         yield s
@@ -569,18 +567,6 @@ def _reduces(s: Scalar):
         for i in s.index:
             if not isinstance(i, sympy.Expr):
                 yield from _reduces(i)
-
-
-def _loads(s: Scalar, inline: dict[str, TE]):
-    for ld, _ in loads(s):
-        if ld.tensor in inline:
-            yield from _loads(inline[ld.tensor].body, inline)
-        else:
-            yield ld
-
-
-def _short(text: str, n: int = 150) -> str:
-    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def emit_triton(step: NativeStep, buffers: dict[str, Buffer], symbols: list[str], gathers: list[str]) -> TritonSource:
