@@ -195,8 +195,9 @@ def compile(  # noqa: A001
     device: where the program runs and its weights live ("cpu", "cuda", "cuda:1"); by default
         the model's own device (its parameters', else the example inputs'). A GPU model is
         captured from a CPU copy; inputs must then be on that device.
-    precision: on a GPU, "fp32" (default), "fp16" or "bf16" (half-precision weights and
-        intermediates, float32 math and accumulation, float32 outputs).
+    precision: "fp32" (default) or "bf16"; on a GPU also "fp16". Half-precision weights and
+        intermediates, float32 math and accumulation, float32 outputs. On a CPU without bf16
+        multiply instructions (AVX512-BF16, AMX) bf16 runs as fp32 and `explain` says why.
     options: fields of `symfuse.options.Options` (cache_dir, dump_dir, cxx); the environment
         supplies SYMFUSE_CACHE_DIR, SYMFUSE_DUMP_DIR and CXX.
     """

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
@@ -404,7 +404,7 @@ def load(path: str, **options):
             saved.cpu,
             here.isa,
         )
-        native = compile_program(graph, store, opts, target=here)
+        native = compile_program(graph, store, replace(opts, precision=state["host"].precision), target=here)
         native.seconds, native.artifact = {**seconds, **native.seconds}, path
         return CompiledModule(captured, opts, native=native, guard=state["guard"])
     t0 = time.perf_counter()
@@ -414,7 +414,7 @@ def load(path: str, **options):
     }
     if thresholds and saved.machine != machine_id():  # measured on another CPU: measure for this one
         try:
-            linear_bytes = sum(p.numel() * 4 for p in packed.values())
+            linear_bytes = sum(p.numel() * p.element_size() for p in packed.values())
             thresholds = switch_points(
                 host.thresholds, detect(opts.cxx, saved.isa, opts.machine_cache), opts, linear_bytes
             )
@@ -434,7 +434,9 @@ def load(path: str, **options):
     t0 = time.perf_counter()
     tile = Tile(**state["tile"])
     consts = {v.name: tensors[v.name] for v in graph.constants}
-    regenerate = functools.cache(lambda: generate(graph, store, saved))  # for explain, and kernels run by torch
+    regenerate = functools.cache(
+        lambda: generate(graph, store, saved, host.precision)
+    )  # for explain, and kernels run by torch
     step = lambda name: regenerate().step(name)  # noqa: E731
     program = link(
         host,

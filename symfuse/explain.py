@@ -159,7 +159,16 @@ def _steps_section(native) -> list[str]:
     out = [
         f"\ntarget: {native.target.describe()}",
         f"  GEMM micro-kernel tile: {tile.rows} rows x {tile.vectors} vectors ({tile.panel}-column weight panels)",
+        "precision: "
+        + (
+            "bf16 (weights and intermediates stored in bfloat16, float32 math in symfuse's kernels, bf16 GEMMs "
+            "and attention with float32 accumulation in oneDNN and torch; float32 inputs and outputs)"
+            if native.precision == "bf16"
+            else "fp32"
+        ),
     ]
+    if native.precision_note:
+        out.append(f"  {native.precision_note}")
     if native.thresholds:
         out.append("version switch points (the host picks a version per call from the size):")
         out += [f"  {th.describe()}" for th in sorted(native.thresholds.values(), key=lambda t: (t.kind, t.shape))]
@@ -174,7 +183,12 @@ def _steps_section(native) -> list[str]:
 
     fallbacks = []
     for st in steps:
-        if isinstance(st, AttentionStep):
+        if isinstance(st, AttentionStep) and st.name not in native.kernels:
+            out.append(
+                f"  {st.name}: torch's fused attention ({st.scores.name} + {st.softmax.name} + {st.context.name}) "
+                "at every length"
+            )
+        elif isinstance(st, AttentionStep):
             above = (
                 f"torch's fused attention (scale {st.library.scale:g}, "
                 + ("mask" if st.library.mask else "no mask")

@@ -72,6 +72,33 @@ def bert(layers: int = 12, hidden: int = 768, heads: int = 12, ffn: int = 3072, 
     )
 
 
+class SentenceEmbedder(torch.nn.Module):
+    """A sentence-embedding model as sentence-transformers runs it: a BERT encoder, the mean of
+    its token states over the attention mask, L2-normalised."""
+
+    def __init__(self, encoder: torch.nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids, attention_mask):
+        states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        m = attention_mask.unsqueeze(-1).to(states.dtype)
+        mean = (states * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(mean, p=2.0, dim=1)
+
+
+def minilm() -> ModelCase:
+    """all-MiniLM-L6-v2's architecture (6 layers, 384 wide, 12 heads) with seeded random weights."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(num_hidden_layers=6, hidden_size=384, num_attention_heads=12, intermediate_size=1536)
+    m = SentenceEmbedder(BertModel(cfg, add_pooling_layer=False)).eval()
+    return ModelCase(
+        "minilm", m, _text_dynamic(True), _text_inputs(cfg.vocab_size, True), dict(B=2, S=8), _TEXT_SWEEP, {"S": 512}
+    )
+
+
 def gpt2(layers: int = 12, hidden: int = 768, heads: int = 12, name: str = "gpt2") -> ModelCase:
     from transformers import GPT2Config, GPT2Model
 
@@ -184,6 +211,7 @@ BUILTIN: dict[str, Callable[[], ModelCase]] = {
     "bert-base": bert,
     "bert-small": lambda: bert(layers=4, hidden=256, heads=4, ffn=1024, name="bert-small"),
     "gpt2": gpt2,
+    "minilm": minilm,
     "vit-base": vit,
     "t5-encoder-small": t5_encoder,
     "resnet": resnet,

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 # thresholds between kernel versions that can be set by hand (else measured per machine)
-THRESHOLD_KINDS = ("linear_rows", "attention_keys", "attention_keys_library")
+THRESHOLD_KINDS = ("linear_rows", "linear_rows_bf16", "attention_keys", "attention_keys_library")
 LIBRARY_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 
 
@@ -28,7 +28,8 @@ class Options:
     # mode: the process must start with the sanitizer runtime preloaded, see docs/reliability.md)
     sanitize: bool = False
     device: str = "cpu"  # cpu | cuda | cuda:N: where the compiled program runs and its weights live
-    precision: str = "fp32"  # GPU: fp32 | fp16 | bf16 (half-precision storage, float32 math and accumulation)
+    # fp32 | bf16 (cpu and GPU) | fp16 (GPU): half-precision storage, float32 math and accumulation
+    precision: str = "fp32"
     cuda_graphs: int = 16  # GPU: CUDA graphs kept (one per binding seen twice, least recently used dropped); 0: none
 
     @staticmethod
@@ -57,11 +58,13 @@ class Options:
             raise ValueError(f"unknown backend {opts.backend!r}; symfuse has 'cpu', 'triton' and 'reference'")
         if opts.device.startswith("cuda") and opts.backend == "cpu":
             raise ValueError(f"device={opts.device!r} runs the 'triton' backend, not 'cpu'")
-        if opts.precision != "fp32" and opts.backend != "triton":
+        if opts.precision == "fp16" and opts.backend != "triton":
             raise ValueError(
-                f"precision={opts.precision!r} needs the GPU backend (device='cuda'); "
-                f"the {opts.backend} backend is fp32"
+                f"precision='fp16' needs the GPU backend (device='cuda'); the {opts.backend} backend has "
+                + ("'fp32' and 'bf16'" if opts.backend == "cpu" else "'fp32' only")
             )
+        if opts.precision == "bf16" and opts.backend == "reference":
+            raise ValueError("precision='bf16' needs the 'cpu' or 'triton' backend; the reference backend is fp32")
         return opts
 
     @property

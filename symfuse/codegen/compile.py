@@ -21,10 +21,11 @@ from symfuse.codegen.cpu.attention import emit_attention
 from symfuse.codegen.cpu.build import build
 from symfuse.codegen.cpu.c import CodegenError, preamble
 from symfuse.codegen.cpu.calibrate import Calibration, Threshold
-from symfuse.codegen.cpu.gemm import Tile, gemm_source, pack_panels, tile_for
+from symfuse.codegen.cpu.gemm import Tile, gemm_source, has_bf16_rows, pack_panels, tile_for
 from symfuse.codegen.cpu.kernel import KernelSource, emit_kernel
 from symfuse.codegen.cpu.target import Target, detect
 from symfuse.codegen.host import HostCode, generate_host, opaque_functions
+from symfuse.codegen.precision import PRECISIONS, cast_boundary, cpu_bf16_missing, half_storage, stored
 from symfuse.fusion.plan import Plan, plan
 from symfuse.ir.graph import Graph, print_graph
 from symfuse.options import Options
@@ -55,6 +56,7 @@ class Backend:
     generated: Generated | None = None
     regenerate: Callable[[], Generated] | None = None
     artifact: str = ""  # the folder it was loaded from, if it was
+    precision_note: str = ""  # why the precision asked for is not the one that runs, if it is not
 
     @property
     def gen(self) -> Generated:
@@ -62,6 +64,7 @@ class Backend:
             self.generated = self.regenerate()
         return self.generated
 
+    precision = property(lambda self: self.host.precision)
     te = property(lambda self: self.gen.te)
     plan = property(lambda self: self.gen.plan)
     schedule = property(lambda self: self.gen.schedule)
@@ -111,12 +114,14 @@ class Generated:
         return find_step(self.schedule, name)
 
 
-def generate(graph: Graph, store: ShapeStore, target: Target) -> Generated:
-    """Lower, plan, schedule and generate C++ for `target` (nothing is built or run)."""
+def generate(graph: Graph, store: ShapeStore, target: Target, precision: str = "fp32") -> Generated:
+    """Lower, plan, schedule and generate C++ for `target` (nothing is built or run);
+    `precision="bf16"` stores every float32 buffer and constant in bfloat16."""
     prog = lower(graph)
     analysis = analyse(prog)
     fp = plan(prog, analysis, store)
     sched = merge_attention(build_schedule(prog, analysis, fp))
+    storage = half_storage(sched, PRECISIONS[precision])
     symbols = list(store.symbols)
     natives = native_steps(sched)
     kernels: dict[str, KernelSource] = {}
@@ -128,6 +133,9 @@ def generate(graph: Graph, store: ShapeStore, target: Target) -> Generated:
             else:
                 kernels[st.name] = emit_kernel(st, sched.buffers, symbols, gathers)
         except CodegenError as e:
+            if isinstance(st, AttentionStep) and st.library:  # torch's fused attention at every length
+                sched.notes.append(f"{st.name} runs torch's fused attention at every length: {e}")
+                continue
             if isinstance(st, AttentionStep):  # run its three steps as they were (no library shortcut)
                 i = sched.steps.index(st)
                 sched.steps[i : i + 1] = [st.scores, st.softmax, st.context]
@@ -137,10 +145,15 @@ def generate(graph: Graph, store: ShapeStore, target: Target) -> Generated:
                 continue
             sched.notes.append(f"{st.name} runs its tensor expressions through torch: {e}")
     kernels = share(kernels, set(sched.buffers) | {it.name for it in prog.items})
-    host = generate_host(sched, kernels, symbols)
+    bf16 = precision == "bf16" and has_bf16_rows(target)
+    host = generate_host(sched, kernels, symbols, bf16_rows=bf16)
+    if storage:
+        host.source = cast_boundary(host.source, graph, storage)
+        host.precision = precision
     tile = tile_for(target)
     # the GEMM micro-kernel only where a step calls it: it is most of a small library's build time
-    gemm = gemm_source(tile) if host.panels or any(isinstance(st, AttentionStep) for st in sched.steps) else ""
+    merged = any(isinstance(st, AttentionStep) and st.name in kernels for st in sched.steps)
+    gemm = gemm_source(tile, bf16) if host.panels or merged else ""
     own = "\n\n".join(k.source for k in kernels.values() if not k.function)
     source = preamble(target) + gemm + "\n" + own + "\n"
     return Generated(prog, fp, sched, kernels, gathers, host, source, tile, symbols)
@@ -176,32 +189,44 @@ def share(kernels: dict[str, KernelSource], names: set[str]) -> dict[str, Kernel
     return out
 
 
-def compile_program(graph: Graph, store: ShapeStore, opts: Options, target: Target | None = None) -> Backend:
+def compile_program(
+    graph: Graph, store: ShapeStore, opts: Options, target: Target | None = None, force_precision: bool = False
+) -> Backend:
+    """Build `graph` for `target` (default: this machine's). `opts.precision="bf16"` runs fp32
+    on a CPU whose bf16 would not be faster, saying why, unless `force_precision` (tests: bf16
+    storage and kernels on any CPU, library GEMMs permitting)."""
     t: dict[str, float] = {}
     t0 = time.perf_counter()
     if target is None:
         target = detect(opts.cxx, opts.isa, opts.machine_cache)
     t["target"] = time.perf_counter() - t0
+    precision, note = opts.precision, ""
+    if precision == "bf16" and not force_precision:
+        why = cpu_bf16_missing(target, opts.library_limits)
+        if why:
+            precision, note = "fp32", f"precision bf16 was asked for, but {why}: running fp32"
+            log.warning("symfuse: %s", note)
     t0 = time.perf_counter()
-    gen = generate(graph, store, target)
+    gen = generate(graph, store, target, precision)
     host = gen.host
     t["lower, plan, schedule, generate C++ and host code"] = time.perf_counter() - t0
     with ThreadPoolExecutor(1) as pool:  # g++ runs while the weights are packed
         building = pool.submit(build, gen.source, target, opts)
         t0 = time.perf_counter()
         consts = {v.name: tensor for v, tensor in graph.constants.items()}
-        panels = {k: pack_panels(consts[v], gen.tile.panel) for k, v in host.panels.items()}
+        bf16 = host.precision == "bf16"
+        panels = {k: pack_panels(consts[v], gen.tile.panel, bf16) for k, v in host.panels.items()}
         t["pack weights (while g++ runs)"] = time.perf_counter() - t0
         library, cached, secs = building.result()
     t["build (cache hit)" if cached else "build (g++)"] = secs
     t0 = time.perf_counter()  # (switch points are measured with nothing else running)
-    linear_bytes = sum(p.numel() * 4 for p in panels.values())
+    linear_bytes = sum(p.numel() * p.element_size() for p in panels.values())
     thresholds = switch_points(host.thresholds, target, opts, linear_bytes)
     t["switch points"] = time.perf_counter() - t0
     program = link(host, library, len(store.symbols), consts, panels, gen.gathers, thresholds, gen.step)
     if opts.dump_dir:
         dump_stages(opts.dump_dir, graph, gen.te, gen.plan, ("4_kernels.cpp", gen.source), host.source)
-    return Backend(program, target, thresholds, host, gen.gathers, gen.tile, cached, t, gen)
+    return Backend(program, target, thresholds, host, gen.gathers, gen.tile, cached, t, gen, precision_note=note)
 
 
 def link(
@@ -216,9 +241,9 @@ def link(
 ) -> Program:
     """Put a built library, its host code and the tensors it reads together: constants by value
     name, the row kernel's packed panels; oneDNN's copies are made at first use."""
-    tensors = {k: consts[v].contiguous() for k, v in host.constants.items()}
+    tensors = {k: stored(consts[v], host.precision).contiguous() for k, v in host.constants.items()}
     tensors.update(panels)
-    tensors["W"] = OneDNNWeights({k: consts[v] for k, v in host.packed.items()})
+    tensors["W"] = OneDNNWeights({k: stored(consts[v], host.precision) for k, v in host.packed.items()})
 
     def describe(i: int) -> str:
         return gathers[i] if 0 <= i < len(gathers) else f"gather #{i}"
@@ -236,7 +261,10 @@ def switch_points(wanted: dict[str, tuple[str, tuple[int, ...]]], target: Target
         return {}
     streamed = linear_bytes > target.l3
     cal = Calibration(target, opts)
-    return {name: cal.get(kind, shape, streamed and kind == "linear_rows") for name, (kind, shape) in wanted.items()}
+    return {
+        name: cal.get(kind, shape, streamed and kind.startswith("linear_rows"))
+        for name, (kind, shape) in wanted.items()
+    }
 
 
 def dump_stages(folder: str, graph: Graph, prog: TEProgram, fp: Plan, kernels: tuple[str, str], host: str) -> None:

@@ -35,7 +35,8 @@ class HostCode:
     source: str
     constants: dict[str, str] = field(default_factory=dict)  # namespace name -> constant value name
     packed: dict[str, str] = field(default_factory=dict)  # W[name] -> weight to reorder for oneDNN
-    panels: dict[str, str] = field(default_factory=dict)  # namespace name -> weight to pack for sf_linear_rows
+    # namespace name -> weight to pack for sf_linear_rows (bf16 programs: sf_linear_rows_bf16)
+    panels: dict[str, str] = field(default_factory=dict)
     # namespace name -> how to make its function: ("op", op, attrs) runs an op's torch reference,
     # ("te", step) a kernel's tensor expressions through torch (plain data: an artifact saves it)
     recipes: dict[str, tuple] = field(default_factory=dict)
@@ -43,11 +44,15 @@ class HostCode:
     # namespace name -> (kind, shape): a version switch point, measured per machine (calibrate.py)
     thresholds: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     step_thresholds: dict[str, str] = field(default_factory=dict)  # step -> the threshold it reads
+    precision: str = "fp32"  # bf16: float32 buffers and constants are stored in bfloat16
 
 
 class _Host:
-    def __init__(self, sched: Schedule, kernels: dict[str, KernelSource], symbols: list[str]) -> None:
+    def __init__(
+        self, sched: Schedule, kernels: dict[str, KernelSource], symbols: list[str], bf16_rows: bool = False
+    ) -> None:
         self.s, self.kernels, self.symbols = sched, kernels, symbols
+        self.bf16_rows = bf16_rows  # the library has sf_linear_rows_bf16
         self.names = {sympy.Symbol(n, integer=True, positive=True): f"s_{n}" for n in symbols}
         self.code = HostCode("")
         self.lines: list[str] = []
@@ -122,21 +127,24 @@ class _Host:
             attr, algo = st.postop or ("none", "")
             library = f"t_{st.out} = linear({self.view(st.a)}, W[{w!r}], {bias}, {attr!r}, [], {algo!r})"
             mat = as_matrix(st.a)
-            if mat is None or self.s.buffers[st.a.buffer].dtype is not DType.float32:
+            dtype = self.s.buffers[st.a.buffer].dtype
+            rows_fn = {DType.float32: "sf_linear_rows", DType.bfloat16: "sf_linear_rows_bf16"}.get(dtype)
+            if mat is None or rows_fn is None or (dtype is DType.bfloat16 and not self.bf16_rows):
                 out.append(library)
             else:  # two versions, picked per call from the row count
                 rows, lda = mat
                 n, k = (int(d) for d in self.s.buffers[st.weight].shape)
                 p = f"p_{st.weight}"
                 self.code.panels[p] = st.weight
-                a = f"{self.ref(st.a.buffer)}.data_ptr() + {self.py(st.a.offset)} * 4"
+                a = f"{self.ref(st.a.buffer)}.data_ptr() + {self.py(st.a.offset)} * {dtype.torch.itemsize}"
                 b = f"{self.ref(st.bias)}.data_ptr()" if st.bias else "None"
                 act = activation_code(st.postop)
-                th = self.threshold(st.name, "linear_rows", (k, n))
+                kind = "linear_rows" if dtype is DType.float32 else "linear_rows_bf16"
+                th = self.threshold(st.name, kind, (k, n))
                 out.append(f"if {self.py(rows)} <= {th}:")
                 out.append("    " + self.alloc(st.out))
                 out.append(
-                    f"    k.sf_linear_rows({a}, {self.py(lda)}, {p}.data_ptr(), {b}, t_{st.out}.data_ptr(), "
+                    f"    k.{rows_fn}({a}, {self.py(lda)}, {p}.data_ptr(), {b}, t_{st.out}.data_ptr(), "
                     f"{n}, {self.py(rows)}, {n}, {k}, {act})"
                 )
                 out.append("else:")
@@ -165,19 +173,22 @@ class _Host:
         """Two versions, picked per call from the number of keys: the merged kernel where it
         wins; above, torch's fused attention when the row kernel is exactly its scale, mask
         and safe softmax, else the three steps (library batched GEMMs around the row kernel)."""
-        keys = self.py(st.scores.b.sizes[-1])
-        d = st.scores.a.sizes[-1]
-        head = (int(d),) if d.is_Integer else (ANY_HEAD,)
-        th = self.threshold(st.name, "attention_keys_library" if st.library else "attention_keys", head)
-        out = [f"if {keys} <= {th}:"]
-        out += ["    " + line for line in self.native(st)]
-        out.append("else:")
+        if st.name not in self.kernels:  # no merged kernel for it (bf16): the library at every length
+            out, pad = [], ""
+        else:
+            keys = self.py(st.scores.b.sizes[-1])
+            d = st.scores.a.sizes[-1]
+            head = (int(d),) if d.is_Integer else (ANY_HEAD,)
+            th = self.threshold(st.name, "attention_keys_library" if st.library else "attention_keys", head)
+            out, pad = [f"if {keys} <= {th}:"], "    "
+            out += [pad + line for line in self.native(st)]
+            out.append("else:")
         if st.library is not None:  # torch's fused attention, straight into the output's layout
             q, kt, v = st.scores.a, st.scores.b, st.context.b
             k = View(kt.buffer, kt.sizes[:-2] + kt.sizes[::-1][:2], kt.strides[:-2] + kt.strides[::-1][:2], kt.offset)
             mask = self.view(st.library.mask) if st.library.mask else "None"
             call = f"sdpa({self.view(q)}, {self.view(k)}, {self.view(v)}, attn_mask={mask}, scale={st.library.scale!r})"
-            return out + ["    " + self.alloc(st.out), f"    t_{st.out}.copy_({call})"]
+            return out + [pad + self.alloc(st.out), f"{pad}t_{st.out}.copy_({call})"]
         for part in (st.scores, st.softmax, st.context):
             out += ["    " + line for line in (self.gemm(part) if isinstance(part, GemmStep) else self.native(part))]
         return out
@@ -307,5 +318,7 @@ def _is_compute(line: str) -> bool:
     return line.startswith(starts) or any(c in line for c in calls)
 
 
-def generate_host(sched: Schedule, kernels: dict[str, KernelSource], symbols: list[str]) -> HostCode:
-    return _Host(sched, kernels, symbols).generate()
+def generate_host(
+    sched: Schedule, kernels: dict[str, KernelSource], symbols: list[str], bf16_rows: bool = False
+) -> HostCode:
+    return _Host(sched, kernels, symbols, bf16_rows).generate()

@@ -388,6 +388,26 @@ def _sum_mean(cv, a):
     )
 
 
+@converts(aten.linalg_vector_norm.default)
+def _vector_norm(cv, a):
+    """The p-norm over `dim` as the reductions it is made of (F.normalize's norm is p=2)."""
+    x, p = cv.tensor(a["self"]), float(a.get("ord", 2))
+    if p == 0 or p != p:
+        raise NotImplementedError(f"linalg_vector_norm with ord={p}: symfuse has ord != 0 (and +-inf)")
+    if a.get("dtype") is not None and DType.of(a["dtype"]) != x.type.dtype:
+        x = cv.emit("cast", [x], dtype=DType.of(a["dtype"]))
+    dims, keep = tuple(a.get("dim") or ()), a.get("keepdim", False)
+    if p == 2:
+        return cv.emit("sqrt", [cv.emit("sum", [cv.emit("mul", [x, x])], dims=dims, keepdim=keep, dtype=None)])
+    ax = cv.emit("abs", [x])
+    if p == 1:
+        return cv.emit("sum", [ax], dims=dims, keepdim=keep, dtype=None)
+    if p in (float("inf"), -float("inf")):
+        return cv.emit("amax" if p > 0 else "amin", [ax], dims=dims, keepdim=keep)
+    powered = cv.emit("sum", [cv.emit("pow_scalar", [ax], exponent=p)], dims=dims, keepdim=keep, dtype=None)
+    return cv.emit("pow_scalar", [powered], exponent=1.0 / p)
+
+
 @converts(aten.amax.default, aten.amin.default)
 def _amax(cv, a):
     op = "amax" if cv.target is aten.amax.default else "amin"

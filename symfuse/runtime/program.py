@@ -85,11 +85,12 @@ class Program(HostProgram):
             f.argtypes = [ctypes.c_void_p] * kernels[name] + [ptr, ctypes.c_int64, ctypes.c_int64]
             f.restype = None
             setattr(ks, name, f)
-        if hasattr(lib, "sf_linear_rows"):  # (A, lda, W panels, bias, C, ldc, M, N, K, activation)
-            rows = lib.sf_linear_rows
-            rows.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5
-            rows.restype = None
-            ks.sf_linear_rows = rows
+        for name in ("sf_linear_rows", "sf_linear_rows_bf16"):  # (A, lda, W panels, bias, C, ldc, M, N, K, act)
+            if hasattr(lib, name):
+                rows = getattr(lib, name)
+                rows.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5
+                rows.restype = None
+                setattr(ks, name, rows)
 
         def check(sym) -> None:
             """Raise the first out-of-range gather index this call's kernels saw."""

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import sympy
 
-from symfuse.codegen.cpu.c import STORAGE, cidx
+from symfuse.codegen.cpu.c import STORAGE, CodegenError, cidx
 from symfuse.codegen.cpu.kernel import KernelSource, _Emitter
 from symfuse.ir.dims import fmt_shape
+from symfuse.ir.dtypes import DType
 from symfuse.schedule.attention import AttentionStep
 from symfuse.schedule.steps import Buffer
 
@@ -23,6 +24,15 @@ def emit_attention(st: AttentionStep, buffers: dict[str, Buffer], symbols: list[
     a, soft, c = st.scores, st.softmax, st.context
     q, kt, v = a.a, a.b, c.b
     out = buffers[st.out]
+    dtypes = {buffers[x].dtype for x in (q.buffer, kt.buffer, v.buffer, st.out)}
+    if len(dtypes) != 1 or not dtypes <= {DType.float32, DType.bfloat16}:
+        raise CodegenError("the merged attention kernel needs q, k, v and its output all float32 or all bfloat16")
+    # bf16 (precision="bf16"): k and v are widened while packed, each block of q rows into a
+    # float buffer, and each block of output rows is rounded from one
+    bf16 = dtypes == {DType.bfloat16}
+    ty = "sf_bf16" if bf16 else "float"
+    wide = "sf_from_bf16" if bf16 else ""
+    a_in, c_out = ("qf, D", "of, DV") if bf16 else ("qh + qb * ldq, ldq", "oh + qb * ldo, ldo")
     em = _Emitter(soft, buffers, symbols, gathers)
     em.rows_in = {a.out: "sc_row"}
     em.rows_out = {c.a.buffer: "pr_row"}
@@ -49,7 +59,7 @@ def emit_attention(st: AttentionStep, buffers: dict[str, Buffer], symbols: list[
         f" -> {st.out}{fmt_shape(out.shape)}",
         f"//   the scores {fmt_shape(buffers[a.out].shape)} never reach memory: SF_MR query rows at a time, in cache",
     ]
-    sig = [f"float* __restrict__ {st.out}", "const float* q_in", "const float* k_in", "const float* v_in"]
+    sig = [f"{ty}* __restrict__ {st.out}", f"const {ty}* q_in", f"const {ty}* k_in", f"const {ty}* v_in"]
     sig += [f"const {STORAGE[buffers[x].dtype]}* __restrict__ {x}" for x in ins]
     sig += ["const int64_t* __restrict__ sym", "int64_t row_begin", "int64_t row_end"]
     body = [
@@ -61,32 +71,49 @@ def emit_attention(st: AttentionStep, buffers: dict[str, Buffer], symbols: list[
         "float* __restrict__ vv = vv_buf.get();",
         "float* __restrict__ sc = sc_buf.get();",
         "float* __restrict__ pr = pr_buf.get();",
+        *(
+            [
+                "std::unique_ptr<float[]> qf_buf(new float[SF_MR * D]), of_buf(new float[SF_MR * DV]);",
+                "float* __restrict__ qf = qf_buf.get();",
+                "float* __restrict__ of = of_buf.get();",
+            ]
+            if bf16
+            else []
+        ),
         *em.scratch_lines,
         "#pragma omp for schedule(static)",
         "for (int64_t bh = 0; bh < NB * NH; ++bh) {",
         "  const int64_t i0 = bh / NH, i1 = bh % NH;",
-        f"  const float* qh = q_in + {head(q)};",
-        f"  const float* kh = k_in + {head(kt)};",
-        f"  const float* vh = v_in + {head(v)};",
-        f"  float* oh = {st.out} + {e(i0 * out.strides[0] + i1 * out.strides[1])};",
+        f"  const {ty}* qh = q_in + {head(q)};",
+        f"  const {ty}* kh = k_in + {head(kt)};",
+        f"  const {ty}* vh = v_in + {head(v)};",
+        f"  {ty}* oh = {st.out} + {e(i0 * out.strides[0] + i1 * out.strides[1])};",
         "  for (int64_t p = 0; p < kp; ++p)  // k^T as panels of SF_PANEL keys, read key by key",
         "    for (int64_t jj = 0; jj < SF_PANEL; ++jj) {",
         "      const int64_t j = p * SF_PANEL + jj;",
         "      for (int64_t dd = 0; dd < D; ++dd)",
-        f"        kt[(p * D + dd) * SF_PANEL + jj] = j < SK ? kh[dd * ({kd}) + j * ({kj})] : 0.0f;",
+        f"        kt[(p * D + dd) * SF_PANEL + jj] = j < SK ? {wide}(kh[dd * ({kd}) + j * ({kj})]) : 0.0f;",
         "    }",
         "  for (int64_t p = 0; p < vp; ++p)  // v as panels of SF_PANEL columns",
         "    for (int64_t j = 0; j < SK; ++j)",
         "      for (int64_t cc = 0; cc < SF_PANEL; ++cc) {",
         "        const int64_t col = p * SF_PANEL + cc;",
-        f"        vv[(p * SK + j) * SF_PANEL + cc] = col < DV ? vh[j * ({vj}) + col * ({vd})] : 0.0f;",
+        f"        vv[(p * SK + j) * SF_PANEL + cc] = col < DV ? {wide}(vh[j * ({vj}) + col * ({vd})]) : 0.0f;",
         "      }",
         "  for (int64_t qb = 0; qb < SQ; qb += SF_MR) {",
         "    const int64_t mr = std::min<int64_t>(SF_MR, SQ - qb);",
         f"    const int64_t ldq = {e(q.strides[2])}, ldo = {e(out.strides[2])};",
+        *(
+            [
+                "    for (int64_t r = 0; r < mr; ++r)  // the block's q rows, widened",
+                "      for (int64_t dd = 0; dd < D; ++dd) qf[r * D + dd] = sf_from_bf16(qh[(qb + r) * ldq + dd]);",
+            ]
+            if bf16
+            else []
+        ),
         "    for (int64_t p = 0; p < kp; ++p)",
-        "      sf_tiles[mr - 1](qh + qb * ldq, ldq, kt + p * D * SF_PANEL, sc, ldsc, nullptr, p * SF_PANEL,",
-        "                       SF_PANEL, D, nullptr, 0);",
+        f"      sf_tiles[mr - 1]({a_in}, kt + p * D * SF_PANEL, sc, ldsc, nullptr,",
+        "                       p * SF_PANEL, SF_PANEL, D, nullptr, 0);",
         "    for (int64_t r = 0; r < mr; ++r) {",
         "      const int64_t i2 = qb + r;",
         "      const float* __restrict__ sc_row = sc + r * ldsc;",
@@ -94,8 +121,16 @@ def emit_attention(st: AttentionStep, buffers: dict[str, Buffer], symbols: list[
         *row,
         "    }",
         "    for (int64_t p = 0; p < vp; ++p)",
-        "      sf_tiles[mr - 1](pr, SK, vv + p * SK * SF_PANEL, oh + qb * ldo, ldo, nullptr, p * SF_PANEL,",
-        "                       std::min<int64_t>(SF_PANEL, DV - p * SF_PANEL), SK, nullptr, 0);",
+        f"      sf_tiles[mr - 1](pr, SK, vv + p * SK * SF_PANEL, {c_out}, nullptr,",
+        "                       p * SF_PANEL, std::min<int64_t>(SF_PANEL, DV - p * SF_PANEL), SK, nullptr, 0);",
+        *(
+            [
+                "    for (int64_t r = 0; r < mr; ++r)  // the block's output rows, rounded once",
+                "      for (int64_t dd = 0; dd < DV; ++dd) oh[(qb + r) * ldo + dd] = sf_to_bf16(of[r * DV + dd]);",
+            ]
+            if bf16
+            else []
+        ),
         "  }",
         "}",
     ]

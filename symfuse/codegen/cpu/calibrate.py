@@ -7,7 +7,8 @@ so each switch point is measured the first time a target needs it and cached in 
 machine folder (`~/.cache/symfuse/machine`), one file per target, CPU and version of the
 kernels:
 
-- a linear layer `[K -> N]`: symfuse's row kernel and oneDNN on the same rows, with weights
+- a linear layer `[K -> N]`: symfuse's row kernel and oneDNN on the same rows (in float32,
+  or both in bfloat16 for `precision="bf16"`), with weights
   rotated through more memory than the L3 cache when the model's weights do not fit it
   (they stream from memory when a model runs) and kept hot when they do;
 - attention with head size D: a canonical attention (12 heads, scale, padding mask, safe
@@ -55,9 +56,10 @@ class Threshold:
     source: str  # where the value came from, for explain
 
     def describe(self) -> str:
-        if self.kind == "linear_rows":
+        if self.kind.startswith("linear_rows"):
             k, n = self.shape
-            what = f"linear {k}->{n}: symfuse's row kernel up to {self.value} rows, oneDNN above"
+            bf16 = " bf16" if self.kind == "linear_rows_bf16" else ""
+            what = f"linear {k}->{n}: symfuse's{bf16} row kernel up to {self.value} rows, oneDNN{bf16} above"
         else:
             other = "torch's fused attention" if self.kind == "attention_keys_library" else "the three steps"
             what = f"attention, head size {self.shape[0]}: merged kernel up to {self.value} keys, {other} above"
@@ -80,8 +82,11 @@ class Calibration:
         change to symfuse's kernels (a new tile, say) measures again."""
         if not self._path:
             from symfuse.codegen.compile import generate
+            from symfuse.codegen.cpu.gemm import gemm_source, has_bf16_rows, tile_for
 
             source = generate(*canonical_attention(), self.target).source
+            if has_bf16_rows(self.target):
+                source += gemm_source(tile_for(self.target), bf16=True)
             kernels = hashlib.sha256(source.encode()).hexdigest()[:8]
             limits = "".join("-" + re.sub(r"[^a-z0-9_]", "", v.lower()) for _, v in self.opts.library_limits)
             name = f"thresholds-{self.target.key}-{self.target.machine}-{kernels}{limits}.json"
@@ -130,12 +135,13 @@ class Calibration:
 
     # -- measuring -----------------------------------------------------------------------
     def _measure(self, kind: str, shape: tuple[int, ...], streamed: bool) -> tuple[int, dict]:
-        if kind == "linear_rows":
+        if kind.startswith("linear_rows"):
             # in a model, the layers between two uses of a weight take the caches: so here, on
             # every core, a pass over twice its L2 before each timed call (back to back, the
             # libraries' lead at 64 rows of a 256->768 layer was one the model reversed)
             scratch = torch.zeros(2 * self.target.l2 * self.target.cores // 4)
-            return _switch_point(ROWS, *self._linear(*shape, streamed), lambda: scratch.add_(1.0))
+            bf16 = kind == "linear_rows_bf16"
+            return _switch_point(ROWS, *self._linear(*shape, streamed, bf16), lambda: scratch.add_(1.0))
         # attention's inputs come hot from the GEMM before it, as back to back here
         return _switch_point(KEYS, *self._attention(shape[0], library=kind == "attention_keys_library"))
 
@@ -149,22 +155,39 @@ class Calibration:
             self._kernels = compile_program(graph, store, forced, target=self.target)
         return self._kernels
 
-    def _linear(self, k: int, n: int, streamed: bool):
+    def bf16_rows(self):
+        """`sf_linear_rows_bf16` built for this target, alone."""
+        import ctypes
+
+        from symfuse.codegen.cpu.build import build
+        from symfuse.codegen.cpu.c import preamble
+        from symfuse.codegen.cpu.gemm import gemm_source, tile_for
+
+        source = preamble(self.target) + gemm_source(tile_for(self.target), bf16=True)
+        path, _, _ = build(source, self.target, self.opts)
+        fn = ctypes.CDLL(path).sf_linear_rows_bf16
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5
+        fn.restype = None
+        return fn
+
+    def _linear(self, k: int, n: int, streamed: bool, bf16: bool = False):
         from symfuse.codegen.cpu.gemm import pack_panels, tile_for
 
-        rows_fn = self.kernels().program.kernels.sf_linear_rows
+        rows_fn = self.bf16_rows() if bf16 else self.kernels().program.kernels.sf_linear_rows
+        dtype = torch.bfloat16 if bf16 else torch.float32
         panel = tile_for(self.target).panel
-        copies = max(1, min(64, (2 * self.target.l3) // (4 * k * n) + 1)) if streamed else 1
+        copies = max(1, min(64, (2 * self.target.l3) // (dtype.itemsize * k * n) + 1)) if streamed else 1
         gen = torch.Generator().manual_seed(0)
-        ws = [torch.randn(n, k, generator=gen) for _ in range(copies)]
-        packed = [pack_panels(w, panel) for w in ws]
+        ws = [torch.randn(n, k, generator=gen).to(dtype) for _ in range(copies)]
+        packed = [pack_panels(w, panel, bf16) for w in ws]
         reordered = [torch.ops.mkldnn._reorder_linear_weight(w) for w in ws]
-        bias = torch.randn(n, generator=gen)
+        bias = torch.randn(n, generator=gen).to(dtype)
         linear = torch.ops.mkldnn._linear_pointwise
         st = {}
 
         def setup(m: int) -> None:
-            st["a"], st["c"], st["m"], st["i"] = torch.randn(m, k, generator=gen), torch.empty(m, n), m, 0
+            a = torch.randn(m, k, generator=gen).to(dtype)
+            st["a"], st["c"], st["m"], st["i"] = a, torch.empty(m, n, dtype=dtype), m, 0
 
         def own() -> float:
             a, c, i, m = st["a"], st["c"], st["i"], st["m"]

@@ -49,13 +49,24 @@ def tile_for(target: Target) -> Tile:
     return Tile(best[3], best[2], target.lanes)
 
 
-def pack_panels(w: torch.Tensor, panel: int) -> torch.Tensor:
-    """Weight [N, K] as panels [ceil(N/panel), K, panel], zero-padded: one panel is contiguous."""
+def pack_panels(w: torch.Tensor, panel: int, bf16: bool = False) -> torch.Tensor:
+    """Weight [N, K] as panels [ceil(N/panel), K, panel], zero-padded: one panel is contiguous.
+    `bf16`: bfloat16 panels [ceil(N/panel), ceil(K/2), panel, 2], the pair (k, k+1) of each
+    column side by side, as `vdpbf16ps` multiplies them (K padded to even with zeros)."""
     n, k = w.shape
     panels = (n + panel - 1) // panel
+    if bf16:
+        padded = torch.zeros(panels * panel, k + k % 2, dtype=torch.bfloat16)
+        padded[:n, :k] = w
+        return padded.view(panels, panel, (k + 1) // 2, 2).transpose(1, 2).contiguous()
     padded = torch.zeros(panels * panel, k, dtype=w.dtype)
     padded[:n] = w
     return padded.view(panels, panel, k).transpose(1, 2).contiguous()
+
+
+def has_bf16_rows(target: Target) -> bool:
+    """Whether the bf16 row kernel (`vdpbf16ps`, AVX512-BF16) builds and runs for `target`."""
+    return "avx512_bf16" in target.extensions
 
 
 def activation_code(postop: tuple[str, str] | None) -> int:
@@ -65,10 +76,14 @@ def activation_code(postop: tuple[str, str] | None) -> int:
     return ACTIVATIONS["gelu_tanh" if attr == "gelu" and algo == "tanh" else attr]
 
 
-def gemm_source(tile: Tile) -> str:
-    """The micro-kernel `sf_tile<MR>` and `sf_linear_rows`, for `tile`."""
+def gemm_source(tile: Tile, bf16: bool = False) -> str:
+    """The micro-kernel `sf_tile<MR>` and `sf_linear_rows`, for `tile`; with `bf16` also
+    `sf_tile_bf16<MR>` and `sf_linear_rows_bf16` (AVX512-BF16 targets only)."""
+    out = _SOURCE
+    if bf16:
+        out += _BF16_SOURCE.replace("@TABLE_BF16@", ", ".join(f"sf_tile_bf16<{m}>" for m in range(1, tile.rows + 1)))
     table = ", ".join(f"sf_tile<{m}>" for m in range(1, tile.rows + 1))
-    return _SOURCE.replace("@MR@", str(tile.rows)).replace("@NV@", str(tile.vectors)).replace("@TABLE@", table)
+    return out.replace("@MR@", str(tile.rows)).replace("@NV@", str(tile.vectors)).replace("@TABLE@", table)
 
 
 _SOURCE = r"""
@@ -148,6 +163,81 @@ extern "C" void sf_linear_rows(const float* A, int64_t lda, const float* Wp, con
                                                      w + K * SF_PANEL + rb * share * 16, pf);
       if (act)  // the epilogue, on the tile while it is in cache
         for (int64_t m = m0; m < std::min(M, m0 + SF_MR); ++m) sf_activate(C + m * ldc + n0, nn, act);
+    }
+  }
+}
+"""
+
+_BF16_SOURCE = r"""
+// ---- the bf16 micro-kernel: C[MR, nn] = act(A[MR, K] W + bias), A, W, bias and C bfloat16,
+// products accumulated in float32 by vdpbf16ps (a pair of k steps per instruction); W one
+// panel [K / 2][SF_PANEL][2], the pair (k, k+1) of each column side by side
+#include <immintrin.h>
+static_assert(SF_LANES == 16, "the bf16 row kernel is AVX-512");
+template <int MR>
+static inline void sf_tile_bf16(const sf_bf16* __restrict__ A, int64_t lda, const sf_bf16* __restrict__ w,
+                                sf_bf16* __restrict__ C, int64_t ldc, const sf_bf16* __restrict__ bias, int64_t n0,
+                                int64_t nn, int64_t K, int64_t act, const sf_bf16* __restrict__ pf,
+                                int64_t pf_lines) {
+  __m512 acc[MR][SF_NV];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+    for (int j = 0; j < SF_NV; ++j) acc[m][j] = _mm512_setzero_ps();
+  const int64_t pairs = (K + 1) / 2;
+  int64_t pf_due = 0, pf_next = 0;  // a share of the next panel, fetched while this one computes
+  for (int64_t k2 = 0; k2 < pairs; ++k2) {
+    __m512bh wv[SF_NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < SF_NV; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(w + (k2 * SF_PANEL + j * SF_LANES) * 2);
+    for (pf_due += pf_lines; pf_due >= pairs; pf_due -= pairs)
+      __builtin_prefetch(pf + 32 * pf_next++, 0, 2);
+    const bool whole = 2 * k2 + 1 < K;  // an odd K's last step has one element (W's pair is zero-padded)
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      uint32_t pair = A[m * lda + 2 * k2];
+      if (whole) std::memcpy(&pair, A + m * lda + 2 * k2, sizeof pair);
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(int32_t(pair));
+#pragma GCC unroll 4
+      for (int j = 0; j < SF_NV; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], a, wv[j]);
+    }
+  }
+  float out[MR][SF_PANEL];  // the tile in float: bias and activation, then rounded once
+#pragma GCC unroll 4
+  for (int j = 0; j < SF_NV; ++j) {
+    float b[SF_LANES] = {};
+    const int64_t c = SF_LANES * j;
+    for (int64_t l = 0; l < SF_LANES && bias && c + l < nn; ++l) b[l] = sf_from_bf16(bias[n0 + c + l]);
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out[m] + SF_LANES * j, _mm512_add_ps(acc[m][j], _mm512_loadu_ps(b)));
+  }
+  for (int m = 0; m < MR; ++m) {
+    if (act) sf_activate(out[m], nn, act);
+    sf_bf16* __restrict__ c = C + m * ldc + n0;
+#pragma omp simd
+    for (int64_t j = 0; j < nn; ++j) c[j] = sf_to_bf16(out[m][j]);
+  }
+}
+typedef void (*sf_tile_bf16_fn)(const sf_bf16*, int64_t, const sf_bf16*, sf_bf16*, int64_t, const sf_bf16*, int64_t,
+                                int64_t, int64_t, int64_t, const sf_bf16*, int64_t);
+static const sf_tile_bf16_fn sf_tiles_bf16[SF_MR] = {@TABLE_BF16@};
+
+// C[M, N] = act(A[M, K] W^T + bias) for few rows, in bf16; W packed by pack_panels(bf16=True)
+extern "C" void sf_linear_rows_bf16(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias, sf_bf16* C,
+                                    int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act) {
+  const int64_t panels = (N + SF_PANEL - 1) / SF_PANEL, blocks = (M + SF_MR - 1) / SF_MR;
+  const int64_t step = (K + 1) / 2 * 2 * SF_PANEL;  // bf16 elements in one panel
+  const int64_t lines = step / 32;  // 64-byte lines in one panel
+  const int64_t share = (lines + blocks - 1) / blocks;
+#pragma omp parallel for schedule(static) if (panels > 1)
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
+    const sf_bf16* w = Wp + p * step;
+    for (int64_t m0 = 0, rb = 0; m0 < M; m0 += SF_MR, ++rb) {
+      const int64_t left = std::max<int64_t>(0, std::min(share, lines - rb * share));
+      const int64_t pf = (blocks > 1 && p + 1 < panels) ? left : 0;
+      sf_tiles_bf16[std::min<int64_t>(SF_MR, M - m0) - 1](A + m0 * lda, lda, w, C + m0 * ldc, ldc, bias, n0, nn, K, act,
+                                                          w + step + rb * share * 32, pf);
     }
   }
 }

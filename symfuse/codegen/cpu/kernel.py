@@ -38,6 +38,7 @@ _COMPARE = {
     "logical_and": "&&",
     "logical_or": "||",
 }
+_WIDE = {DType.bfloat16: DType.float32}  # what a stored type is computed in
 _UNARY_F = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "sin": "sin", "cos": "cos"}
 
 
@@ -96,7 +97,8 @@ class _Emitter:
             ax = self.step.members[-1].axes
             if not in_row(ld.index, ax, self.step.members[-1].shape):
                 raise CodegenError(f"{ld.tensor} is read outside its row inside kernel {self.step.name}")
-            return f"{self.rows_in[ld.tensor]}[{cidx(ld.index[-1], self.names)}]", self.buffers[ld.tensor].dtype
+            dt = self.buffers[ld.tensor].dtype  # a row in a float buffer when stored in bf16
+            return f"{self.rows_in[ld.tensor]}[{cidx(ld.index[-1], self.names)}]", _WIDE.get(dt, dt)
         if ld.tensor in self.local:
             m = self.local[ld.tensor]
             if not in_row(ld.index, m.axes, m.shape):
@@ -122,6 +124,8 @@ class _Emitter:
             index.append(sympy.Symbol(v, integer=True))
         addr = address(tuple(index), buf.strides)
         value = f"{ld.tensor}[{cidx(addr, self.names)}]"
+        if buf.dtype is DType.bfloat16:  # stored in half width, computed in float
+            return f"sf_from_bf16({value})", DType.float32
         return (f"({value} != 0)" if buf.dtype is DType.bool else value), buf.dtype
 
     def reduce(self, r: Reduce) -> str:
@@ -221,7 +225,7 @@ class _Emitter:
         ins = sorted({ld.tensor for m in st.members for ld in loads_through(m.body, st.inline)} - set(outs)
                      - {m.name for m in st.members} - set(self.rows_in))  # fmt: skip
         for n in ins + outs:
-            if self.buffers[n].dtype not in CTYPE:
+            if self.buffers[n].dtype not in STORAGE:
                 raise CodegenError(f"{n} has dtype {self.buffers[n].dtype}, not supported by the CPU code generator")
         self.local = {m.name: m for m in st.members if m.name not in outs and m.name not in self.rows_out}
         # an element-wise member read at one place is computed where it is read
@@ -315,7 +319,8 @@ class _Emitter:
                 self.line(f"const {ct} v_{m.name} = {code};")
             else:
                 index = tuple(m.axes[:-1]) + ((sympy.Integer(0),) if m.axes else ())
-                self.line(f"{m.name}[{cidx(address(index, self.buffers[m.name].strides), self.names)}] = {code};")
+                addr = cidx(address(index, self.buffers[m.name].strides), self.names)
+                self.line(f"{m.name}[{addr}] = {self.stored(m.name, code)};")
             return
         last = m.axes[-1].name
         if m.name in self.local:
@@ -334,9 +339,13 @@ class _Emitter:
             self.line(f"v_{m.name}[{last}] = {code};")
         else:
             addr = address(tuple(m.axes), self.buffers[m.name].strides)
-            self.line(f"{m.name}[{cidx(addr, self.names)}] = {code};")
+            self.line(f"{m.name}[{cidx(addr, self.names)}] = {self.stored(m.name, code)};")
         self.depth -= 1
         self.line("}")
+
+    def stored(self, name: str, code: str) -> str:
+        """`code` (of the member's type) as its buffer stores it."""
+        return f"sf_to_bf16({code})" if self.buffers[name].dtype is DType.bfloat16 else code
 
     def typed(self, s: Scalar, dt: DType) -> str:
         code, got = self.expr(s)

@@ -26,6 +26,7 @@ from symfuse.codegen.cpu.build import cache_folder
 from symfuse.codegen.cpu.c import CodegenError
 from symfuse.codegen.gpu.kernel import PRELUDE, TritonSource, emit_triton
 from symfuse.codegen.host import HostCode, _Host, opaque_functions
+from symfuse.codegen.precision import PRECISIONS, cast_boundary, half_storage
 from symfuse.fusion.plan import Plan, plan
 from symfuse.ir.dtypes import DType
 from symfuse.ir.graph import Graph
@@ -37,8 +38,6 @@ from symfuse.schedule.steps import build as build_schedule
 from symfuse.shape.store import ShapeStore
 from symfuse.te.analysis import analyse
 from symfuse.te.lower import TEProgram, lower
-
-PRECISIONS = {"fp32": DType.float32, "fp16": DType.float16, "bf16": DType.bfloat16}
 
 
 class _GpuHost(_Host):
@@ -120,7 +119,7 @@ def generate_gpu(graph: Graph, store: ShapeStore, precision: str = "fp32") -> Gp
     fp = plan(prog, analysis, store)
     sched = merge_attention(build_schedule(prog, analysis, fp))
     symbols = list(store.symbols)
-    storage = _half_storage(sched, PRECISIONS[precision])
+    storage = half_storage(sched, PRECISIONS[precision])
     kernels: dict[str, TritonSource] = {}
     gathers: list[str] = []
     steps = []
@@ -141,40 +140,9 @@ def generate_gpu(graph: Graph, store: ShapeStore, precision: str = "fp32") -> Gp
     if not gathers:  # no error slot to fill or check: no device allocation, no sync per call
         host.source = re.sub(r"sym = Sym\(.*\)", "sym = None", host.source)
     if storage:
-        host.source = _cast_boundary(host.source, graph, storage)
+        host.source = cast_boundary(host.source, graph, storage)
     source = PRELUDE + "\n\n" + "\n\n".join(k.source for k in kernels.values() if not k.function) + "\n"
     return GpuGenerated(prog, fp, sched, kernels, gathers, host, source, symbols, storage)
-
-
-def _half_storage(sched: Schedule, dtype: DType) -> dict[str, DType]:
-    """Store every float32 buffer in `dtype` (fp16/bf16); returns what changed."""
-    if dtype is DType.float32:
-        return {}
-    changed = {}
-    for name, buf in sched.buffers.items():
-        if buf.dtype is DType.float32:
-            buf.dtype = dtype
-            changed[name] = dtype
-    return changed
-
-
-def _cast_boundary(source: str, graph: Graph, storage: dict[str, DType]) -> str:
-    """Float inputs are cast to the storage precision on entry, float outputs back on return."""
-    for i, v in enumerate(graph.inputs):
-        if v.name in storage:
-            torch_dt = storage[v.name].torch
-            source = source.replace(
-                f"t_{v.name} = inputs[{i}].contiguous()", f"t_{v.name} = inputs[{i}].to({torch_dt}).contiguous()"
-            )
-    lines = source.split("\n")
-    for i, line in enumerate(lines):
-        if line.startswith("    return ["):
-            for v in graph.outputs:
-                if v.name in storage:
-                    line = re.sub(rf"\bt_{v.name}\b(?!\.float)", f"t_{v.name}.float()", line)
-            lines[i] = line
-    source = "\n".join(lines)
-    return source
 
 
 @dataclass
