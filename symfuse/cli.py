@@ -102,7 +102,10 @@ def parse_dynamic_flags(flags: list[str] | None) -> dict[str, dict[int, str]] | 
     return out
 
 
-def _compile_model(model: str, dynamic_flags: list[str] | None):
+PRECISION_HELP = "fp32 or bf16 (bfloat16 weights and intermediates; fp32 where the CPU has no bf16 instructions)"
+
+
+def _compile_model(model: str, dynamic_flags: list[str] | None, precision: str = "fp32"):
     """A built-in model's name or an ONNX file, compiled; returns (name, module, example binding)."""
     import symfuse
     from symfuse.frontend.onnx import is_onnx
@@ -110,22 +113,23 @@ def _compile_model(model: str, dynamic_flags: list[str] | None):
 
     dynamic = parse_dynamic_flags(dynamic_flags)
     if is_onnx(model):
-        return os.path.basename(model), symfuse.compile(model, dynamic=dynamic), None
+        return os.path.basename(model), symfuse.compile(model, dynamic=dynamic, precision=precision), None
     if dynamic is not None:
         raise ValueError("--dynamic applies to ONNX files; a built-in model declares its own dynamic dims")
     case = load(model)
-    return case.name, symfuse.compile(case.model, case.inputs(**case.example), case.dynamic), case.example
+    ex = case.inputs(**case.example)
+    return case.name, symfuse.compile(case.model, ex, case.dynamic, precision=precision), case.example
 
 
 def cmd_explain(args) -> int:
-    _, compiled, _ = _compile_model(args.target or args.model, args.dynamic)
+    _, compiled, _ = _compile_model(args.target or args.model, args.dynamic, args.precision)
     print(compiled.explain(with_graph=not args.no_graph, with_te=args.te))
     return 0
 
 
 def cmd_compile(args) -> int:
     t0 = time.perf_counter()
-    name, compiled, example = _compile_model(args.target or args.model, args.dynamic)
+    name, compiled, example = _compile_model(args.target or args.model, args.dynamic, args.precision)
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     compiled.save(args.out)
@@ -263,9 +267,11 @@ def cmd_bench(args) -> int:
     if args.device != "cpu":
         return _bench_gpu(args)
 
-    engines = list(ENGINES) if args.engines == "all" else [e.strip() for e in args.engines.split(",")]
+    # "all": every fp32 engine; the bf16 ones (symfuse-bf16, openvino-bf16) when named
+    every = [e for e in ENGINES if not e.endswith("bf16")]
+    engines = every if args.engines == "all" else [e.strip() for e in args.engines.split(",")]
     ours = {"torch": ["symfuse"], "onnx": ["symfuse-onnx"], "both": ["symfuse", "symfuse-onnx"]}[args.source]
-    engines = ours + [e for e in engines if not e.startswith("symfuse")]
+    engines = ours + [e for e in engines if e not in ("symfuse", "symfuse-onnx")]
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
         raise ValueError(f"unknown engine(s) {', '.join(unknown)}; engines: {', '.join(ENGINES)}")
@@ -338,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--dynamic", action="append", help="for an ONNX file: INPUT:DIM=NAME,... (repeatable)")
     e.add_argument("--no-graph", action="store_true", help="leave out the graph listing")
     e.add_argument("--te", action="store_true", help="also list the tensor-expression program")
+    e.add_argument("--precision", default="fp32", help=PRECISION_HELP)
     e.set_defaults(fn=cmd_explain)
     b = sub.add_parser("bench", help="compare symfuse with eager, torch.compile, ONNX Runtime and OpenVINO")
     b.add_argument("--model", default="bert-small")
@@ -389,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         "by default its dim_params are the symbols",
     )
     c.add_argument("-o", "--out", required=True, help="the artifact folder to write")
+    c.add_argument("--precision", default="fp32", help=PRECISION_HELP)
     c.set_defaults(fn=cmd_compile)
     r = sub.add_parser("run", help="load a saved artifact and run it on given inputs or random ones at given shapes")
     r.add_argument("artifact", help="a folder written by `symfuse compile` or CompiledModule.save")

@@ -111,3 +111,27 @@ def test_bert_base_fusion_plan_per_layer():
     assert_bert_layers(c, 12)
     assert_bert_execution(c, 12)
     assert_explain_per_layer(c.explain(with_graph=False), 12)
+
+
+@pytest.mark.parametrize("name", ["bert-base", "gpt2", "t5-encoder-small", "vit-base", "resnet", "lstm"])
+def test_bf16_agrees_with_fp32_eager(name):
+    """precision="bf16": every output row within cosine 0.999 of fp32 eager over the model's whole
+    sweep, compiled once; on a CPU without bf16 instructions it runs fp32 and says so."""
+    from tests.test_bf16 import BF16_HERE, cosine_rows
+
+    case = load(name)
+    c = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic, precision="bf16")
+    assert c.native.precision == ("bf16" if BF16_HERE else "fp32")
+    count = symfuse.compile_count()
+    for binding in case.sweep:
+        inputs = case.inputs(**binding)
+        with torch.no_grad():
+            want, got = case.model(**inputs), c(**inputs)
+        want, got = (
+            (want,) if isinstance(want, torch.Tensor) else want,
+            (got,) if isinstance(got, torch.Tensor) else got,
+        )
+        for w, o in zip(want, got):
+            if isinstance(w, torch.Tensor) and w.is_floating_point():
+                assert o.dtype == w.dtype and cosine_rows(o, w) > 0.999, f"{name} at {binding}"
+    assert symfuse.compile_count() == count

@@ -229,7 +229,9 @@ def test_gathers():
     check(model(nodes, [("ids", I64, ["N", "S"])], outs, inits))
 
 
-@pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize(
+    "op", ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2", "ReduceL1"]
+)
 @pytest.mark.parametrize("keep", [0, 1])
 def test_reductions(op, keep):
     nodes = [oh.make_node(op, ["x", "axes"], ["y"], keepdims=keep)]

@@ -50,17 +50,26 @@ class Eager(Engine):
 
 class Symfuse(Engine):
     name = "symfuse"
+    precision = "fp32"
 
     def prepare(self, case, workdir):
         import symfuse
 
         self._symfuse = symfuse
-        self.compiled = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic)
+        ex = case.inputs(**case.example)
+        self.compiled = symfuse.compile(case.model, ex, case.dynamic, precision=self.precision)
         self._base = symfuse.compile_count()
         return lambda inputs: flat_outputs(self.compiled(**inputs))
 
     def recompiles(self):
         return self._symfuse.compile_count() - self._base
+
+
+class SymfuseBf16(Symfuse):
+    """symfuse with precision="bf16" (fp32 where the CPU has no bf16 instructions: see explain)."""
+
+    name = "symfuse-bf16"
+    precision = "bf16"
 
 
 class SymfuseOnnx(Symfuse):
@@ -137,6 +146,7 @@ class OnnxRuntime(Engine):
 class OpenVino(Engine):
     name = "openvino"
     requires = ("openvino", "onnxscript")
+    precision = "f32"  # fp32 throughout: on CPUs with bf16 OpenVINO would otherwise compute in bf16
 
     def recompiles(self):
         return 0  # one compiled model serves every shape of the dynamic axes
@@ -147,9 +157,8 @@ class OpenVino(Engine):
         path = os.path.join(workdir, f"{case.name}.onnx")
         names = export_onnx(case, path)
         core = ov.Core()
-        # fp32 throughout: on CPUs with bf16 OpenVINO would otherwise compute in bf16
         compiled = core.compile_model(
-            core.read_model(path), "CPU", {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+            core.read_model(path), "CPU", {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": self.precision}
         )
         request = compiled.create_infer_request()
 
@@ -160,7 +169,18 @@ class OpenVino(Engine):
         return run
 
 
+class OpenVinoBf16(OpenVino):
+    """OpenVINO computing in bf16 (`INFERENCE_PRECISION_HINT=bf16`), its default on CPUs with bf16."""
+
+    name = "openvino-bf16"
+    precision = "bf16"
+
+
 ENGINES: dict[str, type[Engine]] = {
-    e.name: e for e in (Symfuse, SymfuseOnnx, Eager, TorchCompile, TorchCompileFreezing, OnnxRuntime, OpenVino)
-}
+    e.name: e
+    for e in (
+        Symfuse, SymfuseBf16, SymfuseOnnx, Eager, TorchCompile, TorchCompileFreezing, OnnxRuntime, OpenVino,
+        OpenVinoBf16,
+    )
+}  # fmt: skip
 PEERS = [n for n in ENGINES if not n.startswith("symfuse")]

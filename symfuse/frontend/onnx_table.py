@@ -594,7 +594,7 @@ def _gather_nd(cx, n):
 # -- reductions -------------------------------------------------------------------------------
 
 
-@converts("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin")
+@converts("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2", "ReduceL1")
 def _reduce(cx, n):
     x = cx.tensor(n.ins[0])
     axes = _axes(cx, n, 1)
@@ -603,9 +603,14 @@ def _reduce(cx, n):
             return x
         axes = list(range(x.type.rank))
     keep = bool(n.attrs.get("keepdims", 1))
-    op = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "amax", "ReduceMin": "amin"}[n.op]
+    if n.op in ("ReduceSumSquare", "ReduceL2"):  # the sum of squares (under a square root for L2)
+        x = cx.emit("mul", [x, x])
+    elif n.op == "ReduceL1":
+        x = cx.emit("abs", [x])
+    op = {"ReduceMean": "mean", "ReduceMax": "amax", "ReduceMin": "amin"}.get(n.op, "sum")
     extra = {"dtype": None} if op in ("mean", "sum") else {}
-    return cx.emit(op, [x], dims=tuple(axes), keepdim=keep, **extra)
+    y = cx.emit(op, [x], dims=tuple(axes), keepdim=keep, **extra)
+    return cx.emit("sqrt", [y]) if n.op == "ReduceL2" else y
 
 
 def _safe_softmax_pattern(cx, n) -> tuple[str, str] | None:

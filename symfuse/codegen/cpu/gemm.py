@@ -186,22 +186,23 @@ static inline void sf_tile_bf16(const sf_bf16* __restrict__ A, int64_t lda, cons
     for (int j = 0; j < SF_NV; ++j) acc[m][j] = _mm512_setzero_ps();
   const int64_t pairs = (K + 1) / 2;
   int64_t pf_due = 0, pf_next = 0;  // a share of the next panel, fetched while this one computes
-  for (int64_t k2 = 0; k2 < pairs; ++k2) {
+  auto step = [&](int64_t k2, bool whole) __attribute__((always_inline)) {
     __m512bh wv[SF_NV];
 #pragma GCC unroll 4
     for (int j = 0; j < SF_NV; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(w + (k2 * SF_PANEL + j * SF_LANES) * 2);
     for (pf_due += pf_lines; pf_due >= pairs; pf_due -= pairs)
       __builtin_prefetch(pf + 32 * pf_next++, 0, 2);
-    const bool whole = 2 * k2 + 1 < K;  // an odd K's last step has one element (W's pair is zero-padded)
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) {
-      uint32_t pair = A[m * lda + 2 * k2];
+      uint32_t pair = A[m * lda + 2 * k2];  // an odd K's last step: one element, W's pair is zero-padded
       if (whole) std::memcpy(&pair, A + m * lda + 2 * k2, sizeof pair);
       const __m512bh a = (__m512bh)_mm512_set1_epi32(int32_t(pair));
 #pragma GCC unroll 4
       for (int j = 0; j < SF_NV; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], a, wv[j]);
     }
-  }
+  };
+  for (int64_t k2 = 0; k2 < K / 2; ++k2) step(k2, true);
+  if (K % 2) step(K / 2, false);
   float out[MR][SF_PANEL];  // the tile in float: bias and activation, then rounded once
 #pragma GCC unroll 4
   for (int j = 0; j < SF_NV; ++j) {
