@@ -169,6 +169,9 @@ def _steps_section(native) -> list[str]:
     ]
     if native.precision_note:
         out.append(f"  {native.precision_note}")
+    multiply = getattr(getattr(native, "host", None), "bf16_multiply", None)  # CPU programs only
+    if native.precision == "bf16" and multiply is not None:
+        out.append(f"  {multiply.describe()}")
     if native.thresholds:
         out.append("version switch points (the host picks a version per call from the size):")
         out += [f"  {th.describe()}" for th in sorted(native.thresholds.values(), key=lambda t: (t.kind, t.shape))]

@@ -3,8 +3,9 @@
 The storage (bf16 loads widened, stores rounded to nearest even) and the merged attention's
 bf16 form are plain C++: they run at every ISA this CPU runs, forced with
 `force_precision` (library GEMMs in bf16 are oneDNN's, which needs AVX-512 at least). The
-bf16 row GEMM (`vdpbf16ps`) and the end-to-end speed path need AVX512-BF16; on CPUs without
-it the program runs fp32 and `explain` says why, which is tested wherever that holds.
+bf16 row GEMM (both ways of multiplying: `vdpbf16ps`, and FMA on widened weights) and the
+end-to-end speed path need AVX512-BF16; on CPUs without it the program runs fp32 and
+`explain` says why, which is tested wherever that holds.
 """
 
 import ctypes
@@ -38,8 +39,10 @@ def cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("kernels"))
 
 
-def forced(cache: str, value: int, **kw) -> Options:
-    return Options(cache_dir=cache, thresholds=tuple((k, value) for k in THRESHOLD_KINDS), precision="bf16", **kw)
+def forced(cache: str, value: int, widened: int = 0, **kw) -> Options:
+    """Every switch point at `value`; the bf16 row kernel multiplying by vdpbf16ps, or `widened`."""
+    kinds = tuple((k, widened if k == "bf16_widened" else value) for k in THRESHOLD_KINDS)
+    return Options(cache_dir=cache, thresholds=kinds, precision="bf16", **kw)
 
 
 def cosine_rows(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -85,9 +88,10 @@ def test_storage_rounds_as_torch_at_every_isa(isa, cache):
 
 
 @pytest.mark.skipif(not has_bf16_rows(HERE), reason="the bf16 row kernel needs AVX512-BF16, which this CPU lacks")
-def test_bf16_row_gemm_at_odd_shapes(cache):
+@pytest.mark.parametrize("widened", [False, True])
+def test_bf16_row_gemm_at_odd_shapes(widened, cache):
     tile = tile_for(HERE)
-    path, _, _ = build(preamble(HERE) + gemm_source(tile, bf16=True), HERE, Options(cache_dir=cache))
+    path, _, _ = build(preamble(HERE) + gemm_source(tile, True, widened), HERE, Options(cache_dir=cache))
     fn = ctypes.CDLL(path).sf_linear_rows_bf16
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5
     gen = torch.Generator().manual_seed(0)
@@ -106,7 +110,7 @@ def test_bf16_row_gemm_at_odd_shapes(cache):
                            c.data_ptr(), n, m, n, k, code)  # fmt: skip
                         exact = ACTS[name](F.linear(a.float(), w.float(), b.float() if b is not None else None))
                         # float accumulation in another order, then one rounding: within a bf16 step
-                        assert torch.allclose(c.float(), exact, rtol=1e-2, atol=1e-2), (m, n, k, name)
+                        assert torch.allclose(c.float(), exact, rtol=1e-2, atol=1e-2), (widened, m, n, k, name)
 
 
 @pytest.mark.parametrize("isa", RUNNABLE)
@@ -142,11 +146,14 @@ def test_sentence_embeddings_in_bf16(minilm, cache):
     """bf16 where it is faster (AVX512-BF16): embeddings within cosine 0.999 of fp32 eager on both
     sides of every switch point, one compile; elsewhere fp32, with the reason in `explain`."""
     case, captured = minilm
-    for value in (0, 1 << 20):  # library versions everywhere, then symfuse's
-        c = CompiledModule(captured, forced(cache, value))
+    # library versions everywhere, then symfuse's (its row kernel multiplying both ways)
+    for value, widened in ((0, 0), (1 << 20, 0), (1 << 20, 1)):
+        c = CompiledModule(captured, forced(cache, value, widened))
         text = c.explain(with_graph=False)
         if BF16_HERE:
             assert c.native.precision == "bf16" and "precision: bf16" in text
+            how = "FMA on weights widened to float32" if widened else "vdpbf16ps"
+            assert f"symfuse's bf16 row kernel multiplies by {how} (set by hand" in text
         else:
             assert c.native.precision == "fp32" and "precision bf16 was asked for, but" in text
         count = symfuse.compile_count()
@@ -156,7 +163,7 @@ def test_sentence_embeddings_in_bf16(minilm, cache):
                 want, got = case.model(**inputs), c(**inputs)
             assert got.dtype == torch.float32
             if BF16_HERE:
-                assert cosine_rows(got, want) > 0.999, (value, b, s)
+                assert cosine_rows(got, want) > 0.999, (value, widened, b, s)
             else:
                 assert rel_err(got, want) < 1e-4, (value, b, s)
         assert symfuse.compile_count() == count

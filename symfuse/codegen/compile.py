@@ -114,9 +114,12 @@ class Generated:
         return find_step(self.schedule, name)
 
 
-def generate(graph: Graph, store: ShapeStore, target: Target, precision: str = "fp32") -> Generated:
+def generate(
+    graph: Graph, store: ShapeStore, target: Target, precision: str = "fp32", bf16_multiply: Threshold | None = None
+) -> Generated:
     """Lower, plan, schedule and generate C++ for `target` (nothing is built or run);
-    `precision="bf16"` stores every float32 buffer and constant in bfloat16."""
+    `precision="bf16"` stores every float32 buffer and constant in bfloat16, and its row kernel
+    multiplies as `bf16_multiply` says (`vdpbf16ps` when None)."""
     prog = lower(graph)
     analysis = analyse(prog)
     fp = plan(prog, analysis, store)
@@ -147,13 +150,15 @@ def generate(graph: Graph, store: ShapeStore, target: Target, precision: str = "
     kernels = share(kernels, set(sched.buffers) | {it.name for it in prog.items})
     bf16 = precision == "bf16" and has_bf16_rows(target)
     host = generate_host(sched, kernels, symbols, bf16_rows=bf16)
+    host.bf16_multiply = bf16_multiply if bf16 else None
     if storage:
         host.source = cast_boundary(host.source, graph, storage)
         host.precision = precision
     tile = tile_for(target)
     # the GEMM micro-kernel only where a step calls it: it is most of a small library's build time
     merged = any(isinstance(st, AttentionStep) and st.name in kernels for st in sched.steps)
-    gemm = gemm_source(tile, bf16) if host.panels or merged else ""
+    widened = bool(host.bf16_multiply and host.bf16_multiply.value)
+    gemm = gemm_source(tile, bf16, widened) if host.panels or merged else ""
     own = "\n\n".join(k.source for k in kernels.values() if not k.function)
     source = preamble(target) + gemm + "\n" + own + "\n"
     return Generated(prog, fp, sched, kernels, gathers, host, source, tile, symbols)
@@ -206,8 +211,13 @@ def compile_program(
         if why:
             precision, note = "fp32", f"precision bf16 was asked for, but {why}: running fp32"
             log.warning("symfuse: %s", note)
+    multiply = None
+    if precision == "bf16" and has_bf16_rows(target):  # measured once per machine
+        t0 = time.perf_counter()
+        multiply = Calibration(target, opts).get("bf16_widened", ())
+        t["bf16 row kernel's multiply"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    gen = generate(graph, store, target, precision)
+    gen = generate(graph, store, target, precision, multiply)
     host = gen.host
     t["lower, plan, schedule, generate C++ and host code"] = time.perf_counter() - t0
     with ThreadPoolExecutor(1) as pool:  # g++ runs while the weights are packed

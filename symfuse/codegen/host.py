@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from symfuse import ops
-from symfuse.codegen.cpu.calibrate import ANY_HEAD
+from symfuse.codegen.cpu.calibrate import ANY_HEAD, Threshold
 from symfuse.codegen.cpu.gemm import activation_code
 from symfuse.codegen.cpu.kernel import KernelSource
 from symfuse.ir.dims import to_python
@@ -45,6 +45,7 @@ class HostCode:
     thresholds: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     step_thresholds: dict[str, str] = field(default_factory=dict)  # step -> the threshold it reads
     precision: str = "fp32"  # bf16: float32 buffers and constants are stored in bfloat16
+    bf16_multiply: Threshold | None = None  # how the bf16 row kernel multiplies (value 1: widened)
 
 
 class _Host:

@@ -11,6 +11,9 @@ kernels:
   or both in bfloat16 for `precision="bf16"`), with weights
   rotated through more memory than the L3 cache when the model's weights do not fit it
   (they stream from memory when a model runs) and kept hot when they do;
+- how the bf16 row kernel multiplies (`bf16_widened`): `vdpbf16ps`, or FMA on weights widened
+  to float32 (some CPUs run `vdpbf16ps` at half their FMA rate), timed on a 768x768 layer
+  over 48 rows, once per machine;
 - attention with head size D: a canonical attention (12 heads, scale, padding mask, safe
   softmax; and a plain softmax with an additive bias for the row kernels torch's fused
   attention cannot express) compiled once per target, each version timed at once.
@@ -50,13 +53,16 @@ ANY_HEAD = 64  # the head size measured for attention whose head size is symboli
 
 @dataclass(frozen=True)
 class Threshold:
-    kind: str  # linear_rows | attention_keys | attention_keys_library
+    kind: str  # linear_rows | linear_rows_bf16 | bf16_widened | attention_keys | attention_keys_library
     shape: tuple[int, ...]  # (K, N) of a linear layer; (D,) of attention
     value: int  # the first version runs up to this size (inclusive)
     source: str  # where the value came from, for explain
 
     def describe(self) -> str:
-        if self.kind.startswith("linear_rows"):
+        if self.kind == "bf16_widened":
+            how = "FMA on weights widened to float32" if self.value else "vdpbf16ps"
+            what = f"symfuse's bf16 row kernel multiplies by {how}"
+        elif self.kind.startswith("linear_rows"):
             k, n = self.shape
             bf16 = " bf16" if self.kind == "linear_rows_bf16" else ""
             what = f"linear {k}->{n}: symfuse's{bf16} row kernel up to {self.value} rows, oneDNN{bf16} above"
@@ -86,7 +92,7 @@ class Calibration:
 
             source = generate(*canonical_attention(), self.target).source
             if has_bf16_rows(self.target):
-                source += gemm_source(tile_for(self.target), bf16=True)
+                source += "".join(gemm_source(tile_for(self.target), True, widened) for widened in (False, True))
             kernels = hashlib.sha256(source.encode()).hexdigest()[:8]
             limits = "".join("-" + re.sub(r"[^a-z0-9_]", "", v.lower()) for _, v in self.opts.library_limits)
             name = f"thresholds-{self.target.key}-{self.target.machine}-{kernels}{limits}.json"
@@ -134,7 +140,17 @@ class Calibration:
         os.replace(tmp, self.path)
 
     # -- measuring -----------------------------------------------------------------------
+    def widened(self) -> bool:
+        """Whether the bf16 row kernel multiplies by FMA on widened weights (not vdpbf16ps)."""
+        return bool(self.get("bf16_widened", ()).value)
+
     def _measure(self, kind: str, shape: tuple[int, ...], streamed: bool) -> tuple[int, dict]:
+        if kind == "bf16_widened":  # 48 rows of a 768x768 layer, weights hot: the multiply's rate
+            setup_dot, dot, _ = self._linear(768, 768, False, bf16=True, widened=False)
+            setup_wide, wide, _ = self._linear(768, 768, False, bf16=True, widened=True)
+            setup_dot(48), setup_wide(48)
+            a, b = _ratio(wide, dot)
+            return int(a <= b), {"48": [round(a * 1e3, 4), round(b * 1e3, 4)]}
         if kind.startswith("linear_rows"):
             # in a model, the layers between two uses of a weight take the caches: so here, on
             # every core, a pass over twice its L2 before each timed call (back to back, the
@@ -155,7 +171,7 @@ class Calibration:
             self._kernels = compile_program(graph, store, forced, target=self.target)
         return self._kernels
 
-    def bf16_rows(self):
+    def bf16_rows(self, widened: bool):
         """`sf_linear_rows_bf16` built for this target, alone."""
         import ctypes
 
@@ -163,17 +179,20 @@ class Calibration:
         from symfuse.codegen.cpu.c import preamble
         from symfuse.codegen.cpu.gemm import gemm_source, tile_for
 
-        source = preamble(self.target) + gemm_source(tile_for(self.target), bf16=True)
+        source = preamble(self.target) + gemm_source(tile_for(self.target), True, widened)
         path, _, _ = build(source, self.target, self.opts)
         fn = ctypes.CDLL(path).sf_linear_rows_bf16
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5
         fn.restype = None
         return fn
 
-    def _linear(self, k: int, n: int, streamed: bool, bf16: bool = False):
+    def _linear(self, k: int, n: int, streamed: bool, bf16: bool = False, widened: bool | None = None):
         from symfuse.codegen.cpu.gemm import pack_panels, tile_for
 
-        rows_fn = self.bf16_rows() if bf16 else self.kernels().program.kernels.sf_linear_rows
+        if bf16:
+            rows_fn = self.bf16_rows(self.widened() if widened is None else widened)
+        else:
+            rows_fn = self.kernels().program.kernels.sf_linear_rows
         dtype = torch.bfloat16 if bf16 else torch.float32
         panel = tile_for(self.target).panel
         copies = max(1, min(64, (2 * self.target.l3) // (dtype.itemsize * k * n) + 1)) if streamed else 1
@@ -240,23 +259,31 @@ def _switch_point(sizes, setup, first, second, between=lambda: None) -> tuple[in
     value, losses, timings = 0, 0, {}
     for size in sizes:
         setup(size)
-        first(), second()  # warm up
-        pairs: list[tuple[float, float]] = []
-        until = time.perf_counter() + 0.33
-        while len(pairs) < 5 or (len(pairs) < 40 and time.perf_counter() < until):
-            between()
-            a = first()
-            between()
-            pairs.append((a, second()))
-        ratio = statistics.median(a / b for a, b in pairs)
-        timings[str(size)] = [round(statistics.median(p[j] for p in pairs) * 1e3, 4) for j in (0, 1)]
-        if ratio <= 1.0:
+        a, b = _ratio(first, second, between)
+        timings[str(size)] = [round(a * 1e3, 4), round(b * 1e3, 4)]
+        if a <= b:
             value, losses = size, 0
         else:
             losses += 1
             if losses == 2:
                 break
     return value, timings
+
+
+def _ratio(first, second, between=lambda: None) -> tuple[float, float]:
+    """Two versions run in pairs, `between()` before each call, at least 5 pairs and more while
+    a third of a second lasts: their median times, scaled so that their ratio is the median of
+    the pairs' time ratios."""
+    first(), second()  # warm up
+    pairs: list[tuple[float, float]] = []
+    until = time.perf_counter() + 0.33
+    while len(pairs) < 5 or (len(pairs) < 40 and time.perf_counter() < until):
+        between()
+        a = first()
+        between()
+        pairs.append((a, second()))
+    b = statistics.median(p[1] for p in pairs)
+    return statistics.median(p[0] / p[1] for p in pairs) * b, b
 
 
 def canonical_attention():

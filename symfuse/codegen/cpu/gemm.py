@@ -76,12 +76,14 @@ def activation_code(postop: tuple[str, str] | None) -> int:
     return ACTIVATIONS["gelu_tanh" if attr == "gelu" and algo == "tanh" else attr]
 
 
-def gemm_source(tile: Tile, bf16: bool = False) -> str:
+def gemm_source(tile: Tile, bf16: bool = False, widened: bool = False) -> str:
     """The micro-kernel `sf_tile<MR>` and `sf_linear_rows`, for `tile`; with `bf16` also
-    `sf_tile_bf16<MR>` and `sf_linear_rows_bf16` (AVX512-BF16 targets only)."""
+    `sf_tile_bf16<MR>` and `sf_linear_rows_bf16` (AVX512-BF16 targets only), multiplying by
+    `vdpbf16ps`, or `widened`: by FMA on weights widened to float32."""
     out = _SOURCE
     if bf16:
-        out += _BF16_SOURCE.replace("@TABLE_BF16@", ", ".join(f"sf_tile_bf16<{m}>" for m in range(1, tile.rows + 1)))
+        table = ", ".join(f"sf_tile_bf16<{m}>" for m in range(1, tile.rows + 1))
+        out += _BF16_SOURCE.replace("@TABLE_BF16@", table).replace("@WIDENED@", str(int(widened)))
     table = ", ".join(f"sf_tile<{m}>" for m in range(1, tile.rows + 1))
     return out.replace("@MR@", str(tile.rows)).replace("@NV@", str(tile.vectors)).replace("@TABLE@", table)
 
@@ -169,13 +171,22 @@ extern "C" void sf_linear_rows(const float* A, int64_t lda, const float* Wp, con
 """
 
 _BF16_SOURCE = r"""
-// ---- the bf16 micro-kernel: C[MR, nn] = act(A[MR, K] W + bias), A, W, bias and C bfloat16,
-// products accumulated in float32 by vdpbf16ps (a pair of k steps per instruction); W one
-// panel [K / 2][SF_PANEL][2], the pair (k, k+1) of each column side by side
+// ---- the bf16 micro-kernel: C[MR, nn] = act(A[MR, K] W + bias), W, bias and C bfloat16, products
+// accumulated in float32; W one panel [K / 2][SF_PANEL][2], the pair (k, k+1) of each column side
+// by side (K padded to even with zeros). Two ways to multiply, the faster measured per machine
+// (calibrate.py, "bf16_widened"): vdpbf16ps, a pair of k steps per instruction on bf16 A; or
+// FMA on W widened to float32 in registers (exact: a bf16 is a float's high half) and A widened
+// once per call, for CPUs whose vdpbf16ps runs at half their FMA rate
 #include <immintrin.h>
 static_assert(SF_LANES == 16, "the bf16 row kernel is AVX-512");
+#define SF_BF16_WIDENED @WIDENED@
+#if SF_BF16_WIDENED
+typedef float sf_bf16_a;  // A as the tile reads it
+#else
+typedef sf_bf16 sf_bf16_a;
+#endif
 template <int MR>
-static inline void sf_tile_bf16(const sf_bf16* __restrict__ A, int64_t lda, const sf_bf16* __restrict__ w,
+static inline void sf_tile_bf16(const sf_bf16_a* __restrict__ A, int64_t lda, const sf_bf16* __restrict__ w,
                                 sf_bf16* __restrict__ C, int64_t ldc, const sf_bf16* __restrict__ bias, int64_t n0,
                                 int64_t nn, int64_t K, int64_t act, const sf_bf16* __restrict__ pf,
                                 int64_t pf_lines) {
@@ -186,6 +197,28 @@ static inline void sf_tile_bf16(const sf_bf16* __restrict__ A, int64_t lda, cons
     for (int j = 0; j < SF_NV; ++j) acc[m][j] = _mm512_setzero_ps();
   const int64_t pairs = (K + 1) / 2;
   int64_t pf_due = 0, pf_next = 0;  // a share of the next panel, fetched while this one computes
+#if SF_BF16_WIDENED
+  const __m512i high = _mm512_set1_epi32(int32_t(0xffff0000u));
+  for (int64_t k2 = 0; k2 < pairs; ++k2) {
+    for (pf_due += pf_lines; pf_due >= pairs; pf_due -= pairs)
+      __builtin_prefetch(pf + 32 * pf_next++, 0, 2);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {  // k = 2 k2 (the pair's low half), then 2 k2 + 1 (its high half)
+      __m512 wv[SF_NV];
+#pragma GCC unroll 4
+      for (int j = 0; j < SF_NV; ++j) {
+        const __m512i v = _mm512_loadu_si512(w + (k2 * SF_PANEL + j * SF_LANES) * 2);
+        wv[j] = _mm512_castsi512_ps(h ? _mm512_and_si512(v, high) : _mm512_slli_epi32(v, 16));
+      }
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) {
+        const __m512 a = _mm512_set1_ps(A[m * lda + 2 * k2 + h]);  // A's K is padded to even
+#pragma GCC unroll 4
+        for (int j = 0; j < SF_NV; ++j) acc[m][j] = _mm512_fmadd_ps(a, wv[j], acc[m][j]);
+      }
+    }
+  }
+#else
   auto step = [&](int64_t k2, bool whole) __attribute__((always_inline)) {
     __m512bh wv[SF_NV];
 #pragma GCC unroll 4
@@ -203,6 +236,7 @@ static inline void sf_tile_bf16(const sf_bf16* __restrict__ A, int64_t lda, cons
   };
   for (int64_t k2 = 0; k2 < K / 2; ++k2) step(k2, true);
   if (K % 2) step(K / 2, false);
+#endif
   float out[MR][SF_PANEL];  // the tile in float: bias and activation, then rounded once
 #pragma GCC unroll 4
   for (int j = 0; j < SF_NV; ++j) {
@@ -219,8 +253,8 @@ static inline void sf_tile_bf16(const sf_bf16* __restrict__ A, int64_t lda, cons
     for (int64_t j = 0; j < nn; ++j) c[j] = sf_to_bf16(out[m][j]);
   }
 }
-typedef void (*sf_tile_bf16_fn)(const sf_bf16*, int64_t, const sf_bf16*, sf_bf16*, int64_t, const sf_bf16*, int64_t,
-                                int64_t, int64_t, int64_t, const sf_bf16*, int64_t);
+typedef void (*sf_tile_bf16_fn)(const sf_bf16_a*, int64_t, const sf_bf16*, sf_bf16*, int64_t, const sf_bf16*,
+                                int64_t, int64_t, int64_t, int64_t, const sf_bf16*, int64_t);
 static const sf_tile_bf16_fn sf_tiles_bf16[SF_MR] = {@TABLE_BF16@};
 
 // C[M, N] = act(A[M, K] W^T + bias) for few rows, in bf16; W packed by pack_panels(bf16=True)
@@ -230,15 +264,34 @@ extern "C" void sf_linear_rows_bf16(const sf_bf16* A, int64_t lda, const sf_bf16
   const int64_t step = (K + 1) / 2 * 2 * SF_PANEL;  // bf16 elements in one panel
   const int64_t lines = step / 32;  // 64-byte lines in one panel
   const int64_t share = (lines + blocks - 1) / blocks;
-#pragma omp parallel for schedule(static) if (panels > 1)
-  for (int64_t p = 0; p < panels; ++p) {
-    const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
-    const sf_bf16* w = Wp + p * step;
-    for (int64_t m0 = 0, rb = 0; m0 < M; m0 += SF_MR, ++rb) {
-      const int64_t left = std::max<int64_t>(0, std::min(share, lines - rb * share));
-      const int64_t pf = (blocks > 1 && p + 1 < panels) ? left : 0;
-      sf_tiles_bf16[std::min<int64_t>(SF_MR, M - m0) - 1](A + m0 * lda, lda, w, C + m0 * ldc, ldc, bias, n0, nn, K, act,
-                                                          w + step + rb * share * 32, pf);
+#pragma omp parallel if (panels > 1)
+  {
+#if SF_BF16_WIDENED
+    // A widened to float32 by each thread for itself (cheap next to the products; shared, its
+    // rows would cross between cores), its K padded to even with a zero
+    const int64_t lda_a = K + K % 2;
+    std::unique_ptr<float[]> wide(new float[M * lda_a]);
+    for (int64_t m = 0; m < M; ++m) {
+      float* __restrict__ row = wide.get() + m * lda_a;
+#pragma omp simd
+      for (int64_t k = 0; k < K; ++k) row[k] = sf_from_bf16(A[m * lda + k]);
+      if (K % 2) row[K] = 0.0f;
+    }
+    const float* a_in = wide.get();
+#else
+    const int64_t lda_a = lda;
+    const sf_bf16* a_in = A;
+#endif
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < panels; ++p) {
+      const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
+      const sf_bf16* w = Wp + p * step;
+      for (int64_t m0 = 0, rb = 0; m0 < M; m0 += SF_MR, ++rb) {
+        const int64_t left = std::max<int64_t>(0, std::min(share, lines - rb * share));
+        const int64_t pf = (blocks > 1 && p + 1 < panels) ? left : 0;
+        sf_tiles_bf16[std::min<int64_t>(SF_MR, M - m0) - 1](a_in + m0 * lda_a, lda_a, w, C + m0 * ldc, ldc, bias, n0,
+                                                            nn, K, act, w + step + rb * share * 32, pf);
+      }
     }
   }
 }
