@@ -76,10 +76,11 @@ ENGINE_HEADER = ["engine", "status", "compile/export s", "recompiles", "peak MB"
 def physics_text(p: dict) -> str:
     if not p:
         return "physical references: not measured"
-    return (
+    text = (
         f"physical references: copy bandwidth {p['copy_gbps']:.1f} GB/s (read + write), "
         f"SGEMM {p['sgemm_gflops']:.0f} GFLOP/s (torch.matmul, {p['sgemm_n']}^3)"
     )
+    return text + (f"\n\nmachine: {p['machine']}" if p.get("machine") else "")
 
 
 def profile_lines(result: dict) -> list[list[str]]:

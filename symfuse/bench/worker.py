@@ -57,7 +57,25 @@ def physics() -> dict:
     n = 2048
     a, b = torch.randn(n, n), torch.randn(n, n)
     gemm = min(_timed(lambda: torch.matmul(a, b)) for _ in range(5))
-    return {"copy_gbps": 2 * src.numel() * 4 / best / 1e9, "sgemm_gflops": 2 * n**3 / gemm / 1e9, "sgemm_n": n}
+    return {
+        "copy_gbps": 2 * src.numel() * 4 / best / 1e9,
+        "sgemm_gflops": 2 * n**3 / gemm / 1e9,
+        "sgemm_n": n,
+        "machine": machine(),
+    }
+
+
+def machine() -> str:
+    """The CPU as symfuse's target detection sees it (ISA, extensions, caches, cores)."""
+    import platform
+
+    from symfuse.codegen.cpu.target import detect
+    from symfuse.options import Options
+
+    try:
+        return detect(Options.from_env().cxx).describe()
+    except Exception as e:  # noqa: BLE001 - no compiler: the platform's own words
+        return f"{platform.machine()} {platform.processor()} ({type(e).__name__}: {e})"
 
 
 def _timed(fn) -> float:
