@@ -180,7 +180,10 @@ class _Host:
             keys = self.py(st.scores.b.sizes[-1])
             d = st.scores.a.sizes[-1]
             head = (int(d),) if d.is_Integer else (ANY_HEAD,)
-            th = self.threshold(st.name, "attention_keys_library" if st.library else "attention_keys", head)
+            kind = "attention_keys_library" if st.library else "attention_keys"
+            if self.s.buffers[st.scores.a.buffer].dtype is DType.bfloat16:  # measured apart: other kernels
+                kind += "_bf16"
+            th = self.threshold(st.name, kind, head)
             out, pad = [f"if {keys} <= {th}:"], "    "
             out += [pad + line for line in self.native(st)]
             out.append("else:")

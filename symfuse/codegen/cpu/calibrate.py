@@ -16,7 +16,8 @@ kernels:
   over 48 rows, once per machine;
 - attention with head size D: a canonical attention (12 heads, scale, padding mask, safe
   softmax; and a plain softmax with an additive bias for the row kernels torch's fused
-  attention cannot express) compiled once per target, each version timed at once.
+  attention cannot express) compiled once per target (and once more in bfloat16 for
+  `precision="bf16"`, whose kernels and library calls differ), each version timed at once.
 
 Sizes grow until the second version has won twice in a row; the switch point is the
 largest size up to which the first version won. `Options.thresholds` (or
@@ -53,7 +54,7 @@ ANY_HEAD = 64  # the head size measured for attention whose head size is symboli
 
 @dataclass(frozen=True)
 class Threshold:
-    kind: str  # linear_rows | linear_rows_bf16 | bf16_widened | attention_keys | attention_keys_library
+    kind: str  # one of options.THRESHOLD_KINDS
     shape: tuple[int, ...]  # (K, N) of a linear layer; (D,) of attention
     value: int  # the first version runs up to this size (inclusive)
     source: str  # where the value came from, for explain
@@ -67,8 +68,10 @@ class Threshold:
             bf16 = " bf16" if self.kind == "linear_rows_bf16" else ""
             what = f"linear {k}->{n}: symfuse's{bf16} row kernel up to {self.value} rows, oneDNN{bf16} above"
         else:
-            other = "torch's fused attention" if self.kind == "attention_keys_library" else "the three steps"
-            what = f"attention, head size {self.shape[0]}: merged kernel up to {self.value} keys, {other} above"
+            library = self.kind.startswith("attention_keys_library")
+            other = "torch's fused attention" if library else "the three steps"
+            bf16 = " bf16" if self.kind.endswith("_bf16") else ""
+            what = f"attention{bf16}, head size {self.shape[0]}: merged kernel up to {self.value} keys, {other} above"
         return f"{what} ({self.source})"
 
 
@@ -79,7 +82,7 @@ class Calibration:
         self.target, self.opts = target, opts
         self.manual = dict(opts.thresholds)
         self._entries: dict | None = None
-        self._kernels = None
+        self._kernels: dict = {}
         self._path = ""
 
     @property
@@ -92,6 +95,7 @@ class Calibration:
 
             source = generate(*canonical_attention(), self.target).source
             if has_bf16_rows(self.target):
+                source += generate(*canonical_attention(), self.target, "bf16").source
                 source += "".join(gemm_source(tile_for(self.target), True, widened) for widened in (False, True))
             kernels = hashlib.sha256(source.encode()).hexdigest()[:8]
             limits = "".join("-" + re.sub(r"[^a-z0-9_]", "", v.lower()) for _, v in self.opts.library_limits)
@@ -159,17 +163,20 @@ class Calibration:
             bf16 = kind == "linear_rows_bf16"
             return _switch_point(ROWS, *self._linear(*shape, streamed, bf16), lambda: scratch.add_(1.0))
         # attention's inputs come hot from the GEMM before it, as back to back here
-        return _switch_point(KEYS, *self._attention(shape[0], library=kind == "attention_keys_library"))
+        library, bf16 = kind.startswith("attention_keys_library"), kind.endswith("_bf16")
+        return _switch_point(KEYS, *self._attention(shape[0], library, bf16))
 
-    def kernels(self):
+    def kernels(self, precision: str = "fp32"):
         """The canonical attention program for this target (it carries the GEMM kernel too)."""
-        if self._kernels is None:
+        if precision not in self._kernels:
             from symfuse.codegen.compile import compile_program
 
             graph, store = canonical_attention()
-            forced = replace(self.opts, thresholds=tuple((k, 0) for k in THRESHOLD_KINDS), dump_dir="")
-            self._kernels = compile_program(graph, store, forced, target=self.target)
-        return self._kernels
+            forced = replace(
+                self.opts, thresholds=tuple((k, 0) for k in THRESHOLD_KINDS), dump_dir="", precision=precision
+            )
+            self._kernels[precision] = compile_program(graph, store, forced, target=self.target, force_precision=True)
+        return self._kernels[precision]
 
     def bf16_rows(self, widened: bool):
         """`sf_linear_rows_bf16` built for this target, alone."""
@@ -224,8 +231,8 @@ class Calibration:
 
         return setup, own, library
 
-    def _attention(self, d: int, library: bool):
-        be = self.kernels()
+    def _attention(self, d: int, library: bool, bf16: bool = False):
+        be = self.kernels("bf16" if bf16 else "fp32")
         step = next(s for s in be.attention_steps if (s.library is not None) == library)
         name = be.host_thresholds[step.name]
         prog = be.program
