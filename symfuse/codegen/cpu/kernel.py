@@ -63,6 +63,7 @@ class _Emitter:
         self.inlined: dict[str, TE] = {}  # members computed at their one reader
         self.rows_in: dict[str, str] = {}  # tensors whose current row a C pointer holds (fused attention)
         self.rows_out: dict[str, str] = {}  # members whose row goes to a C pointer instead of a buffer
+        self.row_scalars: set[str] = set()  # C names of one-value-per-row members (loop-invariant)
 
     def line(self, s: str) -> None:
         self.lines.append("  " * self.depth + s)
@@ -104,6 +105,7 @@ class _Emitter:
             if not in_row(ld.index, m.axes, m.shape):
                 raise CodegenError(f"{ld.tensor} is read outside its row inside kernel {self.step.name}")
             if row_scalar(m):
+                self.row_scalars.add(f"v_{m.name}")
                 return f"v_{m.name}", m.dtype
             return f"v_{m.name}[{cidx(ld.index[-1], self.names)}]", m.dtype
         buf = self.buffers[ld.tensor]
@@ -143,8 +145,10 @@ class _Emitter:
         code, _ = self.expr(r.body)
         if r.op == "sum":
             self.line(f"{acc} += {code};")
-        else:
-            self.line(f"{acc} = std::{r.op}<{ct}>({acc}, {code});")
+        else:  # std::max's own test, spelt so that GCC vectorises the reduction (std::max it does not)
+            x = self.var("x")
+            self.line(f"const {ct} {x} = {code};")
+            self.line(f"{acc} = {x} {'>' if r.op == 'max' else '<'} {acc} ? {x} : {acc};")
         for _ in r.axes:
             self.depth -= 1
             self.line("}")
@@ -165,6 +169,8 @@ class _Emitter:
                 return f"floor{f}({a} / {b})" if dt.is_float else f"sf_floordiv<{ct}>({a}, {b})"
             if fn == "div" and rm == "trunc":
                 return f"trunc{f}({a} / {b})" if dt.is_float else f"({a} / {b})"
+            if fn == "div" and dt.is_float and args[1][0] in self.row_scalars:  # a softmax's sum, say
+                return f"({a} * ({ct}(1) / {b}))"  # one division a row, hoisted; within an ulp, as ATen does
             return f"({a} {_BINARY[fn]} {b})"
         if fn in _COMPARE:
             return f"({args[0][0]} {_COMPARE[fn]} {args[1][0]})"
