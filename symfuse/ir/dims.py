@@ -166,6 +166,31 @@ PYTHON = Spelling(
 )
 
 
+def call_spelling(floordiv: str, minmax: str, error: type[Exception]) -> Spelling:
+    """A language that writes floor division and min/max as calls: `floordiv` is the floor
+    division's function (`sf_floordiv<int64_t>`), `minmax` the min or max call, `{f}` standing
+    for "min" or "max" (`std::{f}<int64_t>`); ceiling division and modulo are spelt through
+    the floor division, and min/max of several operands nests two-operand calls."""
+
+    def fd(a: str, b: str) -> str:
+        return f"{floordiv}({a}, {b})"
+
+    def nested(f: str, args: list[str]) -> str:
+        out = args[0]
+        for a in args[1:]:
+            out = f"{minmax.format(f=f)}({out}, {a})"
+        return out
+
+    return Spelling(
+        power=lambda b, n: "(" + " * ".join([b] * n) + ")",
+        floordiv=fd,
+        ceildiv=lambda a, b: f"(-{fd('-' + a, b)})",
+        mod=lambda a, b: f"({a} - {fd(a, b)} * {b})",
+        minmax=nested,
+        error=error,
+    )
+
+
 def render(d: DimLike, names: Mapping[sympy.Symbol, str], spell: Spelling) -> str:
     """Source in `spell`'s language that computes `d` from variables named by `names` (or
     after the symbols)."""

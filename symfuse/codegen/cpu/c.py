@@ -9,7 +9,7 @@ import math
 import sympy
 
 from symfuse.codegen.cpu.target import Target
-from symfuse.ir.dims import Spelling, render
+from symfuse.ir.dims import call_spelling, render
 from symfuse.ir.dtypes import DType
 
 CTYPE = {
@@ -135,21 +135,7 @@ class CodegenError(NotImplementedError):
     pass
 
 
-def _min_max(f: str, args: list[str]) -> str:
-    out = args[0]
-    for a in args[1:]:
-        out = f"std::{f}<int64_t>({out}, {a})"
-    return out
-
-
-C_INDEX = Spelling(
-    power=lambda b, n: "(" + " * ".join([b] * n) + ")",
-    floordiv=lambda a, b: f"sf_floordiv<int64_t>({a}, {b})",
-    ceildiv=lambda a, b: f"(-sf_floordiv<int64_t>(-{a}, {b}))",
-    mod=lambda a, b: f"({a} - sf_floordiv<int64_t>({a}, {b}) * {b})",
-    minmax=_min_max,
-    error=CodegenError,
-)
+C_INDEX = call_spelling("sf_floordiv<int64_t>", "std::{f}<int64_t>", CodegenError)
 
 
 def cidx(e: sympy.Expr, names: dict) -> str:

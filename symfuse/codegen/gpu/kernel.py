@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from symfuse.codegen.cpu.c import CodegenError
-from symfuse.ir.dims import Dim, Spelling, fmt, fmt_shape, render
+from symfuse.ir.dims import Dim, call_spelling, fmt, fmt_shape, render
 from symfuse.ir.dtypes import DType
 from symfuse.schedule.layout import address
 from symfuse.schedule.steps import Buffer, NativeStep
@@ -89,21 +89,7 @@ def sf_pow(x, y):
 _ROW, _COL = "R", "C"  # the tile's two axes: rows, and the chunk of the last dim (or a reduced axis)
 
 
-def _minmax(f: str, args: list[str]) -> str:
-    out = args[0]
-    for a in args[1:]:
-        out = f"tl.{f}imum({out}, {a})"
-    return out
-
-
-TRITON_INDEX = Spelling(
-    power=lambda b, n: "(" + " * ".join([b] * n) + ")",
-    floordiv=lambda a, b: f"sf_floordiv({a}, {b})",
-    ceildiv=lambda a, b: f"(-sf_floordiv(-{a}, {b}))",
-    mod=lambda a, b: f"({a} - sf_floordiv({a}, {b}) * {b})",
-    minmax=_minmax,
-    error=CodegenError,
-)
+TRITON_INDEX = call_spelling("sf_floordiv", "tl.{f}imum", CodegenError)
 
 
 def literal(v, dt: DType) -> str:
