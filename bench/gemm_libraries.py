@@ -142,20 +142,14 @@ def openblas():
 def symfuse_rows():
     """symfuse's own kernel for few rows, built as the backend builds it for this machine's
     target (SYMFUSE_ISA picks another); returns the function and its panel width."""
-    from symfuse.codegen.cpu.build import build
-    from symfuse.codegen.cpu.c import preamble
-    from symfuse.codegen.cpu.gemm import gemm_source, tile_for
+    from symfuse.codegen.cpu.calibrate import row_kernel
+    from symfuse.codegen.cpu.gemm import tile_for
     from symfuse.codegen.cpu.target import detect
     from symfuse.options import Options
 
     opts = Options.from_env()
     target = detect(opts.cxx, opts.isa, opts.machine_cache)
-    tile = tile_for(target)
-    path, _, _ = build(preamble(target) + gemm_source(tile), target, opts)
-    fn = ctypes.CDLL(path).sf_linear_rows
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5
-    fn.restype = None
-    return fn, tile.panel
+    return row_kernel(target, opts), tile_for(target).panel
 
 
 def forward_pass(rows=(1, 8, 16, 33, 48, 64, 128)) -> None:

@@ -8,8 +8,6 @@ end-to-end speed path need AVX512-BF16; on CPUs without it the program runs fp32
 `explain` says why, which is tested wherever that holds.
 """
 
-import ctypes
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,17 +16,15 @@ import symfuse
 from symfuse.api import CompiledModule
 from symfuse.codegen.compile import compile_program
 from symfuse.codegen.cpu import target as tg
-from symfuse.codegen.cpu.build import build
-from symfuse.codegen.cpu.c import preamble
-from symfuse.codegen.cpu.calibrate import canonical_attention
-from symfuse.codegen.cpu.gemm import ACTIVATIONS, gemm_source, has_bf16_rows, pack_panels, tile_for
+from symfuse.codegen.cpu.calibrate import row_kernel
+from symfuse.codegen.cpu.gemm import ACTIVATIONS, has_bf16_rows, pack_panels, tile_for
 from symfuse.codegen.precision import cpu_bf16_missing
 from symfuse.ir.dtypes import DType
 from symfuse.options import THRESHOLD_KINDS, Options
 from symfuse.reference import ReferenceExecutor
 from symfuse.shape.infer import GraphBuilder
 from tests.conftest import rel_err
-from tests.test_isa import ACTS, RUNNABLE
+from tests.test_isa import ACTS, ATTENTION_SHAPES, RUNNABLE, merged_attention_cases
 
 HERE = tg.detect("g++")
 BF16_HERE = not cpu_bf16_missing(HERE, ())
@@ -91,9 +87,7 @@ def test_storage_rounds_as_torch_at_every_isa(isa, cache):
 @pytest.mark.parametrize("widened", [False, True])
 def test_bf16_row_gemm_at_odd_shapes(widened, cache):
     tile = tile_for(HERE)
-    path, _, _ = build(preamble(HERE) + gemm_source(tile, True, widened), HERE, Options(cache_dir=cache))
-    fn = ctypes.CDLL(path).sf_linear_rows_bf16
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5
+    fn = row_kernel(HERE, Options(cache_dir=cache), True, widened)
     gen = torch.Generator().manual_seed(0)
     p = tile.panel
     for n in (1, 15, p - 1, p + 5, 3 * p + 17):
@@ -115,22 +109,11 @@ def test_bf16_row_gemm_at_odd_shapes(widened, cache):
 
 @pytest.mark.parametrize("isa", RUNNABLE)
 def test_bf16_merged_attention_at_odd_shapes(isa, cache):
-    graph, store = canonical_attention()
-    ref = ReferenceExecutor(graph)
-    gen = torch.Generator().manual_seed(1)
-    for merged in (True, False):
-        opts = forced(cache, 1 << 20 if merged else 0)
-        be = compile_program(graph, store, opts, target=tg.detect("g++", isa), force_precision=True)
-        assert all(be.limit(s) == (1 << 20 if merged else 0) for s in be.attention_steps)
-        for b, h, s, d in [(1, 1, 1, 1), (2, 3, 7, 13), (1, 2, 31, 64), (3, 1, 17, 8)]:
-            q, k, v = (torch.randn(b, h, s, d, generator=gen) for _ in range(3))
-            mask = torch.rand(b, 1, 1, s, generator=gen) > 0.3
-            mask[..., 0] = True
-            bias = torch.where(mask, 0.0, -1e4)
-            inputs, binding = [q, k, v, mask, bias], dict(B=b, H=h, S=s, D=d)
-            want, got = ref.run(binding, inputs), be.program(inputs, binding)
-            for w, o in zip(want, got):
-                assert cosine_rows(o, w) > 0.999 and rel_err(o, w) < 3e-2, (isa, merged, b, h, s, d)
+    # no all-padding sentence: its rows are zeros, which have no cosine
+    options = lambda limit: forced(cache, limit)  # noqa: E731
+    for case, want, got in merged_attention_cases(isa, options, ATTENTION_SHAPES, False, force_precision=True):
+        for w, o in zip(want, got):
+            assert cosine_rows(o, w) > 0.999 and rel_err(o, w) < 3e-2, (isa, *case)
 
 
 @pytest.fixture(scope="module")

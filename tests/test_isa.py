@@ -14,9 +14,8 @@ from symfuse.api import CompiledModule
 from symfuse.codegen.compile import compile_program, generate
 from symfuse.codegen.cpu import target as tg
 from symfuse.codegen.cpu.build import build
-from symfuse.codegen.cpu.c import preamble
-from symfuse.codegen.cpu.calibrate import canonical_attention
-from symfuse.codegen.cpu.gemm import ACTIVATIONS, gemm_source, pack_panels, tile_for
+from symfuse.codegen.cpu.calibrate import canonical_attention, row_kernel
+from symfuse.codegen.cpu.gemm import ACTIVATIONS, pack_panels, tile_for
 from symfuse.options import THRESHOLD_KINDS, Options
 from symfuse.reference import ReferenceExecutor
 from symfuse.schedule.attention import AttentionStep
@@ -64,13 +63,10 @@ ACTS = {
 
 @pytest.mark.parametrize("isa", RUNNABLE)
 def test_row_gemm_at_odd_shapes(isa, cache):
-    import ctypes
 
     target = tg.detect("g++", isa)
     tile = tile_for(target)
-    path, _, _ = build(preamble(target) + gemm_source(tile), target, Options(cache_dir=cache))
-    fn = ctypes.CDLL(path).sf_linear_rows
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5
+    fn = row_kernel(target, Options(cache_dir=cache))
     gen = torch.Generator().manual_seed(0)
     p = tile.panel
     for n in (1, target.lanes - 1, p - 1, p + 5, 3 * p + target.lanes + 1):
@@ -88,25 +84,39 @@ def test_row_gemm_at_odd_shapes(isa, cache):
                         assert torch.allclose(c, want, rtol=1e-4, atol=1e-5), (isa, m, n, k, name)
 
 
-@pytest.mark.parametrize("isa", RUNNABLE)
-def test_merged_attention_at_odd_shapes(isa, cache):
+ATTENTION_SHAPES = [(1, 1, 1, 1), (2, 3, 7, 13), (1, 2, 31, 64), (3, 1, 17, 8)]  # (B, H, S, D)
+
+
+def merged_attention_cases(isa, options, shapes, all_padding=True, force_precision=False):
+    """The canonical attention built for `isa` with its attention steps merged at every length,
+    then never (`options(limit)` gives the options for a switch point), run at `shapes` with a
+    random padding mask (a sentence that is all padding too, where `all_padding`): per case,
+    (merged, shape), the reference's outputs and the program's."""
     graph, store = canonical_attention()
     ref = ReferenceExecutor(graph)
     gen = torch.Generator().manual_seed(1)
     for merged in (True, False):
-        be = compile_program(graph, store, forced(cache, 1 << 20 if merged else 0), target=tg.detect("g++", isa))
-        assert all(be.limit(s) == (1 << 20 if merged else 0) for s in be.attention_steps)
-        for b, h, s, d in [(1, 1, 1, 1), (2, 3, 7, 13), (1, 2, 31, 64), (3, 1, 17, 8), (1, 12, 65, 20)]:
+        limit = 1 << 20 if merged else 0
+        target = tg.detect("g++", isa)
+        be = compile_program(graph, store, options(limit), target=target, force_precision=force_precision)
+        assert all(be.limit(s) == limit for s in be.attention_steps)
+        for b, h, s, d in shapes:
             q, k, v = (torch.randn(b, h, s, d, generator=gen) for _ in range(3))
             mask = torch.rand(b, 1, 1, s, generator=gen) > 0.3
             mask[..., 0] = True
-            if b > 1:
+            if all_padding and b > 1:
                 mask[1] = False  # all padding: zeros, as torch's fused attention gives
             bias = torch.where(mask, 0.0, -1e4)
             inputs, binding = [q, k, v, mask, bias], dict(B=b, H=h, S=s, D=d)
-            want, got = ref.run(binding, inputs), be.program(inputs, binding)
-            for w, o in zip(want, got):
-                assert rel_err(o, w) < 1e-4, (isa, merged, b, h, s, d)
+            yield (merged, b, h, s, d), ref.run(binding, inputs), be.program(inputs, binding)
+
+
+@pytest.mark.parametrize("isa", RUNNABLE)
+def test_merged_attention_at_odd_shapes(isa, cache):
+    cases = merged_attention_cases(isa, lambda limit: forced(cache, limit), ATTENTION_SHAPES + [(1, 12, 65, 20)])
+    for case, want, got in cases:
+        for w, o in zip(want, got):
+            assert rel_err(o, w) < 1e-4, (isa, *case)
 
 
 @pytest.fixture(scope="module")

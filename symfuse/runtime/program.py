@@ -85,12 +85,9 @@ class Program(HostProgram):
             f.argtypes = [ctypes.c_void_p] * kernels[name] + [ptr, ctypes.c_int64, ctypes.c_int64]
             f.restype = None
             setattr(ks, name, f)
-        for name in ("sf_linear_rows", "sf_linear_rows_bf16"):  # (A, lda, W panels, bias, C, ldc, M, N, K, act)
+        for name in ("sf_linear_rows", "sf_linear_rows_bf16"):
             if hasattr(lib, name):
-                rows = getattr(lib, name)
-                rows.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5
-                rows.restype = None
-                setattr(ks, name, rows)
+                setattr(ks, name, linear_rows(lib, name))
 
         def check(sym) -> None:
             """Raise the first out-of-range gather index this call's kernels saw."""
@@ -133,6 +130,15 @@ class Program(HostProgram):
     def __call__(self, inputs: list[torch.Tensor], binding: dict[str, int]) -> list[torch.Tensor]:
         with torch.no_grad():
             return self._run(inputs, binding)
+
+
+def linear_rows(lib: ctypes.CDLL, name: str = "sf_linear_rows"):
+    """A row GEMM of a built library (`sf_linear_rows`, `sf_linear_rows_bf16`), typed: called
+    as (A, lda, W panels, bias, C, ldc, M, N, K, act), pointers as ints or None."""
+    fn = getattr(lib, name)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5
+    fn.restype = None
+    return fn
 
 
 class Workspaces:

@@ -178,26 +178,11 @@ class Calibration:
             self._kernels[precision] = compile_program(graph, store, forced, target=self.target, force_precision=True)
         return self._kernels[precision]
 
-    def bf16_rows(self, widened: bool):
-        """`sf_linear_rows_bf16` built for this target, alone."""
-        import ctypes
-
-        from symfuse.codegen.cpu.build import build
-        from symfuse.codegen.cpu.c import preamble
-        from symfuse.codegen.cpu.gemm import gemm_source, tile_for
-
-        source = preamble(self.target) + gemm_source(tile_for(self.target), True, widened)
-        path, _, _ = build(source, self.target, self.opts)
-        fn = ctypes.CDLL(path).sf_linear_rows_bf16
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5
-        fn.restype = None
-        return fn
-
     def _linear(self, k: int, n: int, streamed: bool, bf16: bool = False, widened: bool | None = None):
         from symfuse.codegen.cpu.gemm import pack_panels, tile_for
 
         if bf16:
-            rows_fn = self.bf16_rows(self.widened() if widened is None else widened)
+            rows_fn = row_kernel(self.target, self.opts, True, self.widened() if widened is None else widened)
         else:
             rows_fn = self.kernels().program.kernels.sf_linear_rows
         dtype = torch.bfloat16 if bf16 else torch.float32
@@ -255,6 +240,20 @@ class Calibration:
             return run
 
         return setup, version(1 << 30), version(0)
+
+
+def row_kernel(target: Target, opts: Options, bf16: bool = False, widened: bool = False):
+    """symfuse's row GEMM built for `target` alone (`sf_linear_rows`, or with `bf16`
+    `sf_linear_rows_bf16` multiplying as `widened` says), typed for ctypes."""
+    import ctypes
+
+    from symfuse.codegen.cpu.build import build
+    from symfuse.codegen.cpu.c import preamble
+    from symfuse.codegen.cpu.gemm import gemm_source, tile_for
+    from symfuse.runtime.program import linear_rows
+
+    path, _, _ = build(preamble(target) + gemm_source(tile_for(target), bf16, widened), target, opts)
+    return linear_rows(ctypes.CDLL(path), "sf_linear_rows_bf16" if bf16 else "sf_linear_rows")
 
 
 def _switch_point(sizes, setup, first, second, between=lambda: None) -> tuple[int, dict]:
