@@ -177,4 +177,4 @@ def test_profile_of_the_compiled_program_covers_every_step(tmp_path):
     assert rows["linear (row kernel)"]["calls"] == 4 * 4 + 1  # 4 per layer and the pooler
     assert rows["attention (merged kernel)"]["calls"] == 4
     assert rows["linear (row kernel)"]["flops"] > 0 and rows["C++ reduction kernels"]["bytes"] > 0
-    assert rows["torch: index"]["calls"] == 1
+    assert not [op for op in rows if op.startswith("torch:")], "every step of BERT is generated code or a GEMM"

@@ -98,6 +98,36 @@ def test_cache_hit_corrupt_entry_rebuilt_and_dump(tmp_path):
         assert rel_err(third(**inputs), case.model(**inputs)) < 1e-4
 
 
+class _Indexing(torch.nn.Module):
+    """Advanced indexing three ways: one index tensor (negative entries count from the end),
+    two adjacent indexed dims, and two apart (NumPy puts their broadcast dims first)."""
+
+    def forward(self, x, rows, cols):
+        return x[rows], x[:, cols, cols.T], x[rows, :, cols.to(torch.int32)]
+
+
+def test_advanced_indexing_is_generated_code_with_python_semantics(tmp_path):
+    """x[5, S, S] indexed by rows[1, N] in [-5, 5) and cols[M, 1] in [-S, S)."""
+    x, rows, cols = torch.randn(5, 9, 9), torch.tensor([[0, -1, 4, -5]]), torch.tensor([[1], [-9]])
+    dynamic = {"x": {1: "S", 2: "S"}, "rows": {1: "N"}, "cols": {0: "M"}}
+    c = symfuse.compile(_Indexing(), (x, rows, cols), dynamic, cache_dir=str(tmp_path))
+    count = symfuse.compile_count()
+    assert not [s.name for s in c.native.schedule.steps if isinstance(s, OpaqueStep)]
+    gen = torch.Generator().manual_seed(0)
+    for s, n, m in [(1, 1, 1), (7, 3, 2), (16, 16, 1), (13, 1, 5)]:
+        x = torch.randn(5, s, s, generator=gen)
+        rows = torch.randint(-5, 5, (1, n), generator=gen)
+        cols = torch.randint(-s, s, (m, 1), generator=gen)
+        for got, want in zip(c(x, rows, cols), _Indexing()(x, rows, cols)):
+            assert got.shape == want.shape and torch.equal(got, want), (s, n, m)
+    assert symfuse.compile_count() == count
+    x = torch.randn(5, 3, 3)
+    with pytest.raises(IndexError, match=r"index 5 is out of range \[-5, 5\): rows indexing dim 0 of x"):
+        c(x, torch.tensor([[5]]), torch.tensor([[0]]))
+    with pytest.raises(IndexError, match=r"index -4 is out of range \[-3, 3\): cols indexing dim 1 of x"):
+        c(x, torch.tensor([[0]]), torch.tensor([[-4]]))
+
+
 def test_out_of_range_token_is_a_clear_error_not_a_crash(tmp_path):
     from symfuse.models import load
 

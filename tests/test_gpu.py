@@ -131,6 +131,20 @@ def test_integer_arithmetic_compares_and_powers():
     _run(IntsAndCompares(), make, _dyn("x", "ids"))
 
 
+class Indexing(torch.nn.Module):  # advanced indexing: Python's negative indices, broadcast index tensors
+    def forward(self, x, rows):
+        return x[rows[:, :1], rows], x[:, rows[0]]
+
+
+def test_advanced_indexing_counts_negative_indices_from_the_end():
+    def make(b, s):  # x[B, S, 8], rows[B, S] in [-min(B, S), min(B, S))
+        return torch.randn(b, s, 8), torch.randint(-min(b, s), min(b, s), (b, s))
+
+    c = _run(Indexing(), make, _dyn("x", "rows"))
+    with pytest.raises(NativeIndexError, match=r"index -4 is out of range \[-3, 3\): rows indexing dim 1"):
+        c(torch.randn(3, 3, 8), torch.tensor([[0, 1, -4]] * 3))
+
+
 def test_gather_and_its_out_of_range_error():
     model = Embed()
     c = _run(model, lambda b, s: (torch.randint(0, 50, (b, s)),), _dyn("ids"))

@@ -98,7 +98,7 @@ class GpuProgram(HostProgram):
                 return  # checked after each replay
             index, extent, site = err.tolist()
             if site >= 0:
-                raise NativeIndexError(f"index {index} is out of range [0, {extent}): {describe(site)}")
+                raise NativeIndexError.of(index, extent, describe(site))
 
         def now() -> float:
             if device.type == "cuda":

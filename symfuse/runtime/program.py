@@ -16,7 +16,12 @@ import torch
 
 
 class NativeIndexError(IndexError):
-    pass
+    @classmethod
+    def of(cls, index: int, extent: int, what: str) -> NativeIndexError:
+        """The error for a call's error slot: a negative extent stands for an index that may
+        count from the end (valid in [extent, -extent))."""
+        valid = f"[{extent}, {-extent})" if extent < 0 else f"[0, {extent})"
+        return cls(f"index {index} is out of range {valid}: {what}")
 
 
 class HostProgram:
@@ -93,7 +98,7 @@ class Program(HostProgram):
             """Raise the first out-of-range gather index this call's kernels saw."""
             if sym[n_symbols + 2] >= 0:
                 index, extent, site = sym[n_symbols], sym[n_symbols + 1], sym[n_symbols + 2]
-                raise NativeIndexError(f"index {index} is out of range [0, {extent}): {describe(site)}")
+                raise NativeIndexError.of(index, extent, describe(site))
 
         self.workspaces = Workspaces()
 

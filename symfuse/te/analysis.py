@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
+from symfuse.ir.dims import fmt
 from symfuse.te.ir import TE, Call, Const, Load, Opaque, Reduce, Scalar
 from symfuse.te.lower import TEProgram
 
@@ -45,6 +46,16 @@ def loads_through(s: Scalar, inline: dict[str, TE]):
             yield from loads_through(inline[ld.tensor].body, inline)
         else:
             yield ld
+
+
+def gather_site(index: Scalar, k: int, tensor: str, size, step: str) -> tuple[Scalar, bool, str]:
+    """A data-dependent index of dim `k` of `tensor`: the value to check, whether it counts
+    from the end (`from_end`: valid in [-size, size)) or not ([0, size)), and what it is, in
+    words, for the error an out-of-range value raises."""
+    python = isinstance(index, Call) and index.fn == "from_end"
+    value = index.args[0] if python else index
+    source = ", ".join(sorted({x.tensor for x, _ in loads(value)})) or "a computed index"
+    return value, python, f"{source} indexing dim {k} of {tensor} (size {fmt(size)}) in {step}"
 
 
 def row_scalar(t: TE) -> bool:

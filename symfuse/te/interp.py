@@ -31,6 +31,7 @@ FN = {
     "gelu": lambda x, approximate="none": F.gelu(x, approximate=approximate),
     "pow_scalar": lambda x, exponent: torch.pow(x, exponent),
     "clamp": lambda x, min=None, max=None: torch.clamp(x, min, max),
+    "from_end": lambda i, n: torch.where(i < 0, i + n, i),
 }  # fmt: skip
 REDUCE = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
 

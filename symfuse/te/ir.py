@@ -47,6 +47,12 @@ class Call:
     params: tuple = ()  # non-tensor parameters as (name, value): gelu's approximate
 
 
+def from_end(index: Scalar, extent: Dim) -> Call:
+    """A gather index read as Python reads one: in [-extent, extent), a negative one counting
+    from the end. Only ever a load's index; the emitters check it against that range."""
+    return Call("from_end", (Call("cast", (index,), DType.int64), Index(extent, DType.int64)), DType.int64)
+
+
 @dataclass(frozen=True)
 class Reduce:
     op: str  # sum | max | min

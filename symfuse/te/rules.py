@@ -13,7 +13,7 @@ import sympy
 
 from symfuse.ir.dims import Dim, dim, exact_quotient, floordiv, mod, slice_bound
 from symfuse.ir.dtypes import DType
-from symfuse.te.ir import Call, Const, Index, Reduce, reduce_axis
+from symfuse.te.ir import Call, Const, Index, Reduce, from_end, reduce_axis
 
 # -- index helpers ---------------------------------------------------------------------
 
@@ -185,6 +185,25 @@ def cat_rule(lw, node, xs, dim):
 def gather_rule(lw, node, x, index, dim):
     k = dim % node.out.type.rank
     return lambda idx: x(idx[:k] + (index(idx),) + idx[k + 1 :])
+
+
+def index_rule(lw, node, x, idx, dims):
+    """Advanced indexing `x[..., i0, i1, ...]`: the index tensors, broadcast together, pick
+    the elements of the indexed dims (a negative index counts from the end, as in Python).
+    Their broadcast dims stand where the indexed dims stood when those are adjacent, else
+    first (NumPy's rule); the other dims pass through."""
+    x_shape = node.inputs[0].type.shape
+    ks = [d % len(x_shape) for d in dims]
+    shapes = [v.type.shape for v in node.inputs[1:]]
+    nb = max(len(s) for s in shapes)
+    first = ks[0] if ks == list(range(ks[0], ks[0] + len(ks))) else 0
+
+    def body(out):
+        b, rest = out[first : first + nb], iter(out[:first] + out[first + nb :])
+        by_dim = {k: from_end(a(broadcast_index(b, s)), x_shape[k]) for k, a, s in zip(ks, idx, shapes)}
+        return x(tuple(by_dim[k] if k in by_dim else next(rest) for k in range(len(x_shape))))
+
+    return body
 
 
 def embedding_rule(lw, node, weight, indices):

@@ -85,12 +85,19 @@ static inline sf_bf16 sf_to_bf16(float x) {
 // the first out-of-range gather index of a call (read as 0 instead) goes to that call's
 // error slot, three int64s after the symbols in its `sym` array: index, extent, site.
 // Each call has its own array, so calls on several threads report their own errors.
-static inline int64_t sf_index(int64_t i, int64_t n, int64_t site, const int64_t* err) {
-  if (i >= 0 && i < n) return i;
+// a gather index checked: out of range, it reads element 0 and the call's error slot gets
+// (index, extent, site), the extent negated for an index that may count from the end
+static inline int64_t sf_index_bad(int64_t i, int64_t n, int64_t site, const int64_t* err) {
   int64_t* slot = const_cast<int64_t*>(err);
   #pragma omp critical(sf_error)
   if (slot[2] < 0) { slot[0] = i; slot[1] = n; slot[2] = site; }
   return 0;
+}
+static inline int64_t sf_index(int64_t i, int64_t n, int64_t site, const int64_t* err) {
+  return i >= 0 && i < n ? i : sf_index_bad(i, n, site, err);
+}
+static inline int64_t sf_index_from_end(int64_t i, int64_t n, int64_t site, const int64_t* err) {  // Python's
+  return i >= -n && i < n ? (i < 0 ? i + n : i) : sf_index_bad(i, -n, site, err);
 }
 template <class T> static inline T sf_select(bool c, T a, T b) { return c ? a : b; }  // both sides evaluated
 template <class T> static inline T sf_floordiv(T a, T b) {

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import sympy
 
 from symfuse.codegen.cpu.c import CTYPE, STORAGE, CodegenError, cidx, literal
-from symfuse.ir.dims import Dim, fmt, fmt_shape
+from symfuse.ir.dims import Dim, fmt_shape
 from symfuse.ir.dtypes import DType
 from symfuse.schedule.layout import address
 from symfuse.schedule.steps import Buffer, NativeStep
-from symfuse.te.analysis import has_reduce, in_row, loads, loads_through, row_scalar
+from symfuse.te.analysis import gather_site, has_reduce, in_row, loads, loads_through, row_scalar
 from symfuse.te.ir import TE, Call, Const, Index, Load, Reduce, Scalar, fmt_short, substitute
 
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
@@ -114,15 +114,14 @@ class _Emitter:
             if isinstance(i, sympy.Expr):
                 index.append(i)
                 continue
-            code, _ = self.expr(i)  # a gather: a data-dependent index, checked at run time
+            # a gather: a data-dependent index, checked at run time
+            value, python, what = gather_site(i, k, ld.tensor, buf.shape[k], self.step.name)
+            code, _ = self.expr(value)
             v = self.var("g")
-            source = ", ".join(sorted({x.tensor for x, _ in loads(i)})) or "a computed index"
-            self.gathers.append(
-                f"{source} indexing dim {k} of {ld.tensor} (size {fmt(buf.shape[k])}) in {self.step.name}"
-            )
-            site = len(self.gathers) - 1
+            self.gathers.append(what)
+            site, check = len(self.gathers) - 1, "sf_index_from_end" if python else "sf_index"
             extent = cidx(buf.shape[k], self.names)
-            self.line(f"const int64_t {v} = sf_index(int64_t({code}), {extent}, {site}, sym + {len(self.symbols)});")
+            self.line(f"const int64_t {v} = {check}(int64_t({code}), {extent}, {site}, sym + {len(self.symbols)});")
             index.append(sympy.Symbol(v, integer=True))
         addr = address(tuple(index), buf.strides)
         value = f"{ld.tensor}[{cidx(addr, self.names)}]"

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 import sympy
 
 from symfuse.codegen.cpu.c import CodegenError
-from symfuse.ir.dims import Dim, call_spelling, fmt, fmt_shape, render
+from symfuse.ir.dims import Dim, call_spelling, fmt_shape, render
 from symfuse.ir.dtypes import DType
 from symfuse.schedule.layout import address
 from symfuse.schedule.steps import Buffer, NativeStep
-from symfuse.te.analysis import in_row, loads, loads_through, row_scalar
+from symfuse.te.analysis import gather_site, in_row, loads, loads_through, row_scalar
 from symfuse.te.ir import TE, Call, Const, Index, Load, Reduce, Scalar, fmt_short, substitute
 
 TL = {
@@ -251,18 +251,23 @@ class _Emitter:
         known = self.recall(key)
         if known is not None:
             return known
-        code, _ = self.expr(i, ctx)
+        value, python, what = gather_site(i, k, ld.tensor, buf.shape[k], self.step.name)
+        code, _ = self.expr(value, ctx)
         v = self.var("g")
-        source = ", ".join(sorted({x.tensor for x, _ in loads(i)})) or "a computed index"
-        self.gathers.append(f"{source} indexing dim {k} of {ld.tensor} (size {fmt(buf.shape[k])}) in {self.step.name}")
+        self.gathers.append(what)
         site = len(self.gathers) - 1
         extent = self.idx(buf.shape[k], ctx)
         self.used_err = True
         bad = self.var("bad")
         self.line(f"{v} = ({code}).to(tl.int64)")
-        self.line(f"{bad} = (({v} < 0) | ({v} >= {extent})) & ({ctx.mask})")
-        for slot, value in enumerate((v, extent, site)):
-            self.line(f"tl.store(sf_err + {slot} + 0 * {v}, {value} + 0 * {v}, mask={bad})")
+        low = f"-({extent})" if python else "0"  # an index from_end may count from the end
+        self.line(f"{bad} = (({v} < {low}) | ({v} >= {extent})) & ({ctx.mask})")
+        zero = self.var("z")  # shaped as `bad`: the index's shape and the mask's broadcast together
+        self.line(f"{zero} = 0 * {bad}.to(tl.int64)")
+        for slot, reported in enumerate((v, low if python else extent, site)):  # extent negated: from_end
+            self.line(f"tl.store(sf_err + {slot} + {zero}, {reported} + {zero}, mask={bad})")
+        if python:
+            self.line(f"{v} = tl.where({v} < 0, {v} + {extent}, {v})")
         self.line(f"{v} = tl.where({bad}, 0, {v})")
         self.memo[-1][key] = v
         return v
