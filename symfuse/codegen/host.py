@@ -73,20 +73,38 @@ class _Host:
             return f"c_{name}"
         return f"t_{name}"
 
+    def ptr(self, name: str) -> str:
+        """A buffer's address, for a kernel; `@ptr{name}` until the memory plan says whether the
+        buffer is a tensor or only a place in the workspace (`_address_only`)."""
+        if name in self.const or name in self.inputs:
+            return f"{self.ref(name)}.data_ptr()"
+        return f"@ptr{{{name}}}"
+
     def alloc(self, name: str) -> str:
         return f"@alloc {name}"  # resolved once the memory plan is known
 
-    def resolve(self, line: str, mem: MemoryPlan) -> str:
-        if not line.strip().startswith("@alloc "):
-            return line
-        indent = line[: len(line) - len(line.lstrip())]
-        name = line.split()[1]
-        b = self.s.buffers[name]
-        shape, strides = self.tup(b.shape), self.tup(b.strides)
-        if name not in mem.slot_of:
-            return f"{indent}t_{name} = empty_strided({shape}, {strides}, dtype={b.dtype.torch})"
-        item = b.dtype.torch.itemsize
-        return f"{indent}t_{name} = as_strided(ws_{b.dtype.name}, {shape}, {strides}, z{mem.slot_of[name]} // {item})"
+    def resolve(self, line: str, mem: MemoryPlan, places: set[str]) -> str:
+        """A line with its buffers made concrete: a tensor `t_x`, or for a buffer in `places`
+        (`_address_only`) its address `a_x` and its element offset `o_x` in the workspace."""
+        if line.strip().startswith("@alloc "):
+            indent = line[: len(line) - len(line.lstrip())]
+            name = line.split()[1]
+            b = self.s.buffers[name]
+            shape, strides = self.tup(b.shape), self.tup(b.strides)
+            if name not in mem.slot_of:
+                return f"{indent}t_{name} = empty_strided({shape}, {strides}, dtype={b.dtype.torch})"
+            item, z = b.dtype.torch.itemsize, f"z{mem.slot_of[name]}"
+            if name in places:
+                return f"{indent}a_{name}, o_{name} = wsp + {z}, {z} // {item}"
+            return f"{indent}t_{name} = as_strided(ws_{b.dtype.name}, {shape}, {strides}, {z} // {item})"
+
+        def concrete(m: re.Match) -> str:
+            what, name = m.group(1), m.group(2)
+            if name in places:
+                return {"ptr": f"a_{name}", "buf": f"ws_{self.s.buffers[name].dtype.name}", "off": f"o_{name} + "}[what]
+            return {"ptr": f"t_{name}.data_ptr()", "buf": f"t_{name}", "off": ""}[what]
+
+        return _MARK.sub(concrete, line)
 
     def threshold(self, step: str, kind: str, shape: tuple[int, ...]) -> str:
         name = f"th_{kind}_{'_'.join(map(str, shape))}"
@@ -95,7 +113,10 @@ class _Host:
         return name
 
     def view(self, v: View) -> str:
-        return f"view({self.ref(v.buffer)}, {self.tup(v.sizes)}, {self.tup(v.strides)}, {self.py(v.offset)})"
+        x = v.buffer
+        if x in self.const or x in self.inputs:
+            return f"view({self.ref(x)}, {self.tup(v.sizes)}, {self.tup(v.strides)}, {self.py(v.offset)})"
+        return f"view(@buf{{{x}}}, {self.tup(v.sizes)}, {self.tup(v.strides)}, @off{{{x}}}{self.py(v.offset)})"
 
     def native(self, st: NativeStep) -> list[str]:
         src = self.kernels.get(st.name)
@@ -115,7 +136,7 @@ class _Host:
         self.code.kernels[fn] = len(src.args)
         out = [self.alloc(n) for n in src.args[: src.n_outputs]]
         rows = self.py(sympy.Mul(*st.rows)) if st.rows else "1"
-        ptrs = ", ".join(f"{self.ref(n)}.data_ptr()" for n in src.args)
+        ptrs = ", ".join(self.ptr(n) for n in src.args)
         out.append(f"k.{fn}({ptrs}, sym, 0, {rows})")
         return out
 
@@ -137,7 +158,7 @@ class _Host:
                 n, k = (int(d) for d in self.s.buffers[st.weight].shape)
                 p = f"p_{st.weight}"
                 self.code.panels[p] = st.weight
-                a = f"{self.ref(st.a.buffer)}.data_ptr() + {self.py(st.a.offset)} * {dtype.torch.itemsize}"
+                a = f"{self.ptr(st.a.buffer)} + {self.py(st.a.offset)} * {dtype.torch.itemsize}"
                 b = f"{self.ref(st.bias)}.data_ptr()" if st.bias else "None"
                 act = activation_code(st.postop)
                 kind = "linear_rows" if dtype is DType.float32 else "linear_rows_bf16"
@@ -145,7 +166,7 @@ class _Host:
                 out.append(f"if {self.py(rows)} <= {th}:")
                 out.append("    " + self.alloc(st.out))
                 out.append(
-                    f"    k.{rows_fn}({a}, {self.py(lda)}, {p}.data_ptr(), {b}, t_{st.out}.data_ptr(), "
+                    f"    k.{rows_fn}({a}, {self.py(lda)}, {p}.data_ptr(), {b}, {self.ptr(st.out)}, "
                     f"{n}, {self.py(rows)}, {n}, {k}, {act})"
                 )
                 out.append("else:")
@@ -192,7 +213,9 @@ class _Host:
             k = View(kt.buffer, kt.sizes[:-2] + kt.sizes[::-1][:2], kt.strides[:-2] + kt.strides[::-1][:2], kt.offset)
             mask = self.view(st.library.mask) if st.library.mask else "None"
             call = f"sdpa({self.view(q)}, {self.view(k)}, {self.view(v)}, attn_mask={mask}, scale={st.library.scale!r})"
-            return out + [pad + self.alloc(st.out), f"{pad}t_{st.out}.copy_({call})"]
+            b = self.s.buffers[st.out]
+            whole = self.view(View(st.out, b.shape, b.strides, sympy.Integer(0)))
+            return out + [pad + self.alloc(st.out), f"{pad}{whole}.copy_({call})"]
         for part in (st.scores, st.softmax, st.context):
             out += ["    " + line for line in (self.gemm(part) if isinstance(part, GemmStep) else self.native(part))]
         return out
@@ -225,7 +248,7 @@ class _Host:
             else:
                 lines = self.opaque(st)
             body.append([f"# {st.name}"] + lines)
-            reads.append({name for line in lines for name in re.findall(r"\bt_(\w+)", line)})
+            reads.append({name for line in lines for name in re.findall(r"\bt_(\w+)", line) + _marked(line)})
         last: dict[str, int] = {}
         for i, r in enumerate(reads):
             for name in r:
@@ -240,7 +263,8 @@ class _Host:
         }
         mem = plan_memory(defs, reads, nbytes)
         self.memory = mem
-        body = [[self.resolve(ln, mem) for ln in lines] for lines in body]
+        self.places = _address_only(body, set(mem.slot_of))
+        body = [[self.resolve(ln, mem, self.places) for ln in lines] for lines in body]
         self.code.source = self.function("run", body, last, keep, timed=False)
         self.code.source += "\n\n" + self.function("run_timed", body, last, keep, timed=True)
         return self.code
@@ -260,6 +284,7 @@ class _Host:
                 size = sizes[0] if len(sizes) == 1 else sympy.Max(*sizes)
                 out.append(f"    z{k + 1} = z{k} + {self.py(size)}")
             out.append(f"    ws = workspace(z{len(mem.slot_sizes)})")
+            out.append("    wsp = ws.data_ptr()")
             dtypes = sorted({s.buffers[n].dtype.name for n in mem.slot_of})
             out += [f"    ws_{d} = ws.view(torch.{d})" for d in dtypes]
         out += [f"    t_{n} = inputs[{i}].contiguous()" for i, n in enumerate(self.inputs)]
@@ -272,12 +297,31 @@ class _Host:
             out += ["    " + line for line in lines]
             # a buffer made and used up inside one step may exist in one branch only: no del
             local = {ln.split(" = ")[0].strip()[2:] for ln in body[i] if ln.startswith(" ") and " = " in ln}
-            dead = sorted(n for n, j in last.items() if j == i and n not in keep and n not in local)
+            dead = sorted(
+                n for n, j in last.items() if j == i and n not in keep and n not in local and n not in self.places
+            )
             if dead:
                 out.append("    del " + ", ".join(f"t_{n}" for n in dead))
         out.append("    check(sym)")
         out.append("    return [" + ", ".join(self.ref(n) for n in s.outputs) + "]")
         return "\n".join(out) + "\n"
+
+
+_MARK = re.compile(r"@(ptr|buf|off)\{(\w+)\}")
+
+
+def _marked(line: str) -> list[str]:
+    return [m.group(2) for m in _MARK.finditer(line)]
+
+
+def _address_only(body: list[list[str]], in_workspace: set[str]) -> set[str]:
+    """The workspace buffers every line reaches only through `@ptr`/`@buf`/`@off` (a kernel's
+    pointer, a strided view of the workspace for a library call): they need no tensor of their
+    own, only an address (making a tensor per buffer per call, then freeing it, cost about
+    1 us each)."""
+    tensors = {name for lines in body for line in lines if not line.strip().startswith("@alloc ")
+               for name in re.findall(r"\bt_(\w+)", line)}  # fmt: skip
+    return in_workspace - tensors
 
 
 def opaque_functions(recipes: dict[str, tuple], step: Callable[[str], NativeStep]) -> dict[str, tuple]:
