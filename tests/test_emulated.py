@@ -141,9 +141,12 @@ def test_row_gemm(program, tmp_path):
     import numpy as np
 
     run, _, _, target = program
-    panel = tile_for(target).panel
+    tile = tile_for(target)
+    panel, kc = tile.panel, tile.chunk
     gen = torch.Generator().manual_seed(0)
-    for m, n, k in [(1, 1, 1), (5, panel + 3, 17), (13, 3 * panel + 1, 64), (7, 37, 5)]:
+    # the last two walk K in chunks (one short), then as one piece (rows past twice a chunk)
+    shapes = [(1, 1, 1), (5, panel + 3, 17), (13, 3 * panel + 1, 64), (7, 37, 5), (9, panel + 1, 2 * kc + 3)]
+    for m, n, k in shapes + [(2 * kc + 1, 2 * panel - 1, kc + 1)]:
         a, w, bias = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
         a.numpy().tofile(tmp_path / "a.bin")
         pack_panels(w, panel).numpy().tofile(tmp_path / "w.bin")
@@ -152,7 +155,10 @@ def test_row_gemm(program, tmp_path):
             run("linear", tmp_path, m, n, k, code, 1)
             got = torch.from_numpy(np.fromfile(tmp_path / "c.bin", dtype="float32")).view(m, n)
             want = ACTS[name](torch.nn.functional.linear(a, w, bias))
-            assert torch.allclose(got, want, rtol=1e-4, atol=1e-5), (m, n, k, name)
+            if k <= 64:
+                assert torch.allclose(got, want, rtol=1e-4, atol=1e-5), (m, n, k, name)
+            else:  # relative to the output's scale: sums of hundreds of products round apart
+                assert (got - want).abs().max() <= 1e-4 * want.abs().max() + 1e-5, (m, n, k, name)
 
 
 def test_merged_attention(program, tmp_path):

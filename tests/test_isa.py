@@ -82,6 +82,23 @@ def test_row_gemm_at_odd_shapes(isa, cache):
                            c.data_ptr(), n, m, n, k, code)  # fmt: skip
                         want = ACTS[name](torch.nn.functional.linear(a, w, b))
                         assert torch.allclose(c, want, rtol=1e-4, atol=1e-5), (isa, m, n, k, name)
+    # K in chunks of tile.chunk steps (the last one short) while the rows are at most two
+    # chunks' worth, then in one piece
+    kc = tile.chunk
+    for n in (p - 1, 2 * p + target.lanes + 1):
+        for k in (kc - 1, kc + 5, 2 * kc + 3):
+            w, bias = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+            wp = pack_panels(w, p)
+            for m in (1, 13, 2 * kc, 2 * kc + 1):
+                a = torch.randn(m, k + 3, generator=gen)[:, :k]
+                for name in ("none", "gelu"):
+                    for b in (bias, None):
+                        c = torch.full((m, n), float("nan"))
+                        fn(a.data_ptr(), k + 3, wp.data_ptr(), b.data_ptr() if b is not None else None,
+                           c.data_ptr(), n, m, n, k, ACTIVATIONS[name])  # fmt: skip
+                        want = ACTS[name](torch.nn.functional.linear(a, w, b))
+                        # relative to the output's scale: sums of hundreds of products round apart
+                        assert (c - want).abs().max() <= 1e-4 * want.abs().max() + 1e-5, (isa, m, n, k, name)
 
 
 ATTENTION_SHAPES = [(1, 1, 1, 1), (2, 3, 7, 13), (1, 2, 31, 64), (3, 1, 17, 8)]  # (B, H, S, D)

@@ -111,7 +111,7 @@ def emit_attention(st: AttentionStep, buffers: dict[str, Buffer], symbols: list[
             else []
         ),
         "    for (int64_t p = 0; p < kp; ++p)",
-        f"      sf_tiles[mr - 1]({a_in}, kt + p * D * SF_PANEL, sc, ldsc, nullptr,",
+        f"      sf_tiles[mr - 1]({a_in}, kt + p * D * SF_PANEL, sc, ldsc, nullptr, false,",
         "                       p * SF_PANEL, SF_PANEL, D, nullptr, 0);",
         "    for (int64_t r = 0; r < mr; ++r) {",
         "      const int64_t i2 = qb + r;",
@@ -120,7 +120,7 @@ def emit_attention(st: AttentionStep, buffers: dict[str, Buffer], symbols: list[
         *row,
         "    }",
         "    for (int64_t p = 0; p < vp; ++p)",
-        f"      sf_tiles[mr - 1](pr, SK, vv + p * SK * SF_PANEL, {c_out}, nullptr,",
+        f"      sf_tiles[mr - 1](pr, SK, vv + p * SK * SF_PANEL, {c_out}, nullptr, false,",
         "                       p * SF_PANEL, std::min<int64_t>(SF_PANEL, DV - p * SF_PANEL), SK, nullptr, 0);",
         *(
             [

@@ -1,7 +1,7 @@
 """symfuse's own GEMM for linear layers over few rows, where streaming the weights is the
-cost: all rows pass over each panel of packed weights while it sits in L2, the next panel
-is prefetched meanwhile, and bias and activation are applied to the tile while it is in
-registers and cache. The host picks it or oneDNN per call from the row count, at a switch
+cost: all rows pass over each chunk of a panel of packed weights while it sits in L1 (two
+thirds of it), the next chunk is prefetched meanwhile, and bias and activation are applied
+to the tile while it is in registers and cache. The host picks it or oneDNN per call from the row count, at a switch
 point measured on the machine (`calibrate.py`).
 
 The micro-kernel is written once over `sf_vec` (c.py's vector abstraction) and shaped per
@@ -28,6 +28,7 @@ class Tile:
     rows: int  # rows of A per micro-kernel call (MR)
     vectors: int  # vectors of output columns per row (NV)
     lanes: int  # floats per vector
+    chunk: int = 128  # steps of K the row GEMM takes from a panel at a time (KC)
 
     @property
     def panel(self) -> int:
@@ -46,7 +47,12 @@ def tile_for(target: Target) -> Tile:
         whole_lines = (vectors * target.vector_bytes) % 64 == 0
         if rows >= 1:
             best = max(best, (rows * vectors, whole_lines, vectors, rows))
-    return Tile(best[3], best[2], target.lanes)
+    panel_bytes = best[2] * target.lanes * 4
+    # a chunk of weights two thirds of L1, so that it stays there beside A's rows and the tile
+    # while every block of rows uses it (AVX-512 with a 48 KB L1: 128 steps, 32 KB; measured
+    # best of 32 to 256 steps on BERT's layers, docs/benchmarks.md)
+    chunk = max(8, target.l1d * 2 // 3 // panel_bytes // 8 * 8)
+    return Tile(best[3], best[2], target.lanes, chunk)
 
 
 def pack_panels(w: torch.Tensor, panel: int, bf16: bool = False) -> torch.Tensor:
@@ -85,18 +91,21 @@ def gemm_source(tile: Tile, bf16: bool = False, widened: bool = False) -> str:
         table = ", ".join(f"sf_tile_bf16<{m}>" for m in range(1, tile.rows + 1))
         out += _BF16_SOURCE.replace("@TABLE_BF16@", table).replace("@WIDENED@", str(int(widened)))
     table = ", ".join(f"sf_tile<{m}>" for m in range(1, tile.rows + 1))
-    return out.replace("@MR@", str(tile.rows)).replace("@NV@", str(tile.vectors)).replace("@TABLE@", table)
+    out = out.replace("@MR@", str(tile.rows)).replace("@NV@", str(tile.vectors)).replace("@TABLE@", table)
+    return out.replace("@KC@", str(tile.chunk))
 
 
 _SOURCE = r"""
-// ---- the GEMM micro-kernel: C[MR, nn] = A[MR, K] W (+ bias), W one panel [K][SF_PANEL]
+// ---- the GEMM micro-kernel: C[MR, nn] = A[MR, K] W (+ bias), or with `add` C += A[MR, K] W;
+// W one panel [K][SF_PANEL]
 #define SF_MR @MR@
 #define SF_NV @NV@
 #define SF_PANEL (SF_NV * SF_LANES)
+#define SF_KC @KC@  // steps of K in one chunk of a panel (SF_KC * SF_PANEL floats: two thirds of L1)
 template <int MR>
 static inline void sf_tile(const float* __restrict__ A, int64_t lda, const float* __restrict__ w,
-                           float* __restrict__ C, int64_t ldc, const float* __restrict__ bias, int64_t n0, int64_t nn,
-                           int64_t K, const float* __restrict__ pf, int64_t pf_lines) {
+                           float* __restrict__ C, int64_t ldc, const float* __restrict__ bias, bool add, int64_t n0,
+                           int64_t nn, int64_t K, const float* __restrict__ pf, int64_t pf_lines) {
   sf_vec acc[MR][SF_NV];
 #pragma GCC unroll 8
   for (int m = 0; m < MR; ++m)
@@ -121,17 +130,19 @@ static inline void sf_tile(const float* __restrict__ A, int64_t lda, const float
     const int64_t c = n0 + SF_LANES * j, left = nn - SF_LANES * j;
     if (left <= 0) break;
     if (left >= SF_LANES) {
-      const sf_vec bv = bias ? sf_load(bias + c) : sf_splat(0.0f);
+      const sf_vec bv = bias && !add ? sf_load(bias + c) : sf_splat(0.0f);
 #pragma GCC unroll 8
-      for (int m = 0; m < MR; ++m) sf_store(C + m * ldc + c, acc[m][j] + bv);
+      for (int m = 0; m < MR; ++m)
+        sf_store(C + m * ldc + c, acc[m][j] + (add ? sf_load(C + m * ldc + c) : bv));
     } else {  // the panel's last, partial vector
-      const sf_vec bv = bias ? sf_load_n(bias + c, left) : sf_splat(0.0f);
-      for (int m = 0; m < MR; ++m) sf_store_n(C + m * ldc + c, acc[m][j] + bv, left);
+      const sf_vec bv = bias && !add ? sf_load_n(bias + c, left) : sf_splat(0.0f);
+      for (int m = 0; m < MR; ++m)
+        sf_store_n(C + m * ldc + c, acc[m][j] + (add ? sf_load_n(C + m * ldc + c, left) : bv), left);
     }
   }
 }
-typedef void (*sf_tile_fn)(const float*, int64_t, const float*, float*, int64_t, const float*, int64_t, int64_t,
-                           int64_t, const float*, int64_t);
+typedef void (*sf_tile_fn)(const float*, int64_t, const float*, float*, int64_t, const float*, bool, int64_t,
+                           int64_t, int64_t, const float*, int64_t);
 static const sf_tile_fn sf_tiles[SF_MR] = {@TABLE@};  // sf_tiles[m - 1]: a tile of m rows
 
 #define SF_ROW_LOOP(expr) \
@@ -148,23 +159,32 @@ static inline void sf_activate(float* __restrict__ row, int64_t n, int64_t act) 
   }
 }
 
-// C[M, N] = act(A[M, K] W^T + bias) for few rows; W packed as panels [N / SF_PANEL][K][SF_PANEL]
+// C[M, N] = act(A[M, K] W^T + bias) for few rows; W packed as panels [N / SF_PANEL][K][SF_PANEL].
+// A panel is walked a chunk (SF_KC steps of K) at a time: every block of rows multiplies the
+// chunk while it is in L1 and prefetches its share of the next chunk (the weights are one
+// stream: the next chunk, then the next panel), so a thread waits for one chunk, not a panel,
+// before its first products
 extern "C" void sf_linear_rows(const float* A, int64_t lda, const float* Wp, const float* bias, float* C,
                                int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act) {
   const int64_t panels = (N + SF_PANEL - 1) / SF_PANEL, blocks = (M + SF_MR - 1) / SF_MR;
-  const int64_t lines = K * SF_PANEL / 16;  // 64-byte lines in one panel
-  const int64_t share = (lines + blocks - 1) / blocks;  // lines of the next panel each row block prefetches
+  // in chunks while the panel's block of C (added to once a chunk) is at most two chunks' size
+  const int64_t kc = M <= 2 * SF_KC ? std::min<int64_t>(K, SF_KC) : K;
+  const int64_t lines = kc * SF_PANEL / 16;  // 64-byte lines in one chunk
+  const int64_t share = (lines + blocks - 1) / blocks;  // lines of the next chunk each row block prefetches
 #pragma omp parallel for schedule(static) if (panels > 1)
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
-    const float* w = Wp + p * K * SF_PANEL;
-    for (int64_t m0 = 0, rb = 0; m0 < M; m0 += SF_MR, ++rb) {
-      const int64_t left = std::max<int64_t>(0, std::min(share, lines - rb * share));
-      const int64_t pf = (blocks > 1 && p + 1 < panels) ? left : 0;
-      sf_tiles[std::min<int64_t>(SF_MR, M - m0) - 1](A + m0 * lda, lda, w, C + m0 * ldc, ldc, bias, n0, nn, K,
-                                                     w + K * SF_PANEL + rb * share * 16, pf);
-      if (act)  // the epilogue, on the tile while it is in cache
-        for (int64_t m = m0; m < std::min(M, m0 + SF_MR); ++m) sf_activate(C + m * ldc + n0, nn, act);
+    for (int64_t k0 = 0; k0 < K; k0 += kc) {
+      const int64_t kk = std::min(kc, K - k0);
+      const float* w = Wp + (p * K + k0) * SF_PANEL;
+      const bool more = blocks > 1 && (k0 + kk < K || p + 1 < panels);
+      for (int64_t m0 = 0, rb = 0; m0 < M; m0 += SF_MR, ++rb) {
+        const int64_t pf = more ? std::max<int64_t>(0, std::min(share, lines - rb * share)) : 0;
+        sf_tiles[std::min<int64_t>(SF_MR, M - m0) - 1](A + m0 * lda + k0, lda, w, C + m0 * ldc, ldc, bias, k0 > 0, n0,
+                                                       nn, kk, w + kk * SF_PANEL + rb * share * 16, pf);
+        if (act && k0 + kk == K)  // the epilogue, on the tile while it is in cache
+          for (int64_t m = m0; m < std::min(M, m0 + SF_MR); ++m) sf_activate(C + m * ldc + n0, nn, act);
+      }
     }
   }
 }
