@@ -64,6 +64,12 @@ class _Emitter:
         self.rows_in: dict[str, str] = {}  # tensors whose current row a C pointer holds (fused attention)
         self.rows_out: dict[str, str] = {}  # members whose row goes to a C pointer instead of a buffer
         self.row_scalars: set[str] = set()  # C names of one-value-per-row members (loop-invariant)
+        # where a member's loop starts (line, depth), the loop variables inside it, and the
+        # gathers already checked there: a gather index that does not vary along the loop
+        # (an embedding's row) is checked once before it, not at every element
+        self.hoist: tuple[int, int] | None = None
+        self.inner: set[str] = set()
+        self.hoisted: dict[tuple[str, str, bool], str] = {}
 
     def line(self, s: str) -> None:
         self.lines.append("  " * self.depth + s)
@@ -117,11 +123,22 @@ class _Emitter:
             # a gather: a data-dependent index, checked at run time
             value, python, what = gather_site(i, k, ld.tensor, buf.shape[k], self.step.name)
             code, _ = self.expr(value)
-            v = self.var("g")
-            self.gathers.append(what)
-            site, check = len(self.gathers) - 1, "sf_index_from_end" if python else "sf_index"
             extent = cidx(buf.shape[k], self.names)
-            self.line(f"const int64_t {v} = {check}(int64_t({code}), {extent}, {site}, sym + {len(self.symbols)});")
+            free = _loop_vars(value)
+            hoist = self.hoist is not None and free is not None and not free & self.inner
+            v = self.hoisted.get((code, extent, python)) if hoist else None
+            if v is None:
+                v = self.var("g")
+                self.gathers.append(what)
+                site, check = len(self.gathers) - 1, "sf_index_from_end" if python else "sf_index"
+                text = f"const int64_t {v} = {check}(int64_t({code}), {extent}, {site}, sym + {len(self.symbols)});"
+                if hoist:  # once a row, before the member's loop
+                    at, depth = self.hoist
+                    self.lines.insert(at, "  " * depth + text)
+                    self.hoist = (at + 1, depth)
+                    self.hoisted[(code, extent, python)] = v
+                else:
+                    self.line(text)
             index.append(sympy.Symbol(v, integer=True))
         addr = address(tuple(index), buf.strides)
         value = f"{ld.tensor}[{cidx(addr, self.names)}]"
@@ -141,7 +158,9 @@ class _Emitter:
         for v, ext in r.axes:
             self.line(f"for (int64_t {v.name} = 0; {v.name} < {cidx(ext, self.names)}; ++{v.name}) {{")
             self.depth += 1
+        outer, self.inner = self.inner, self.inner | {v.name for v, _ in r.axes}
         code, _ = self.expr(r.body)
+        self.inner = outer
         if r.op == "sum":
             self.line(f"{acc} += {code};")
         else:  # std::max's own test, spelt so that GCC vectorises the reduction (std::max it does not)
@@ -297,6 +316,7 @@ class _Emitter:
     def row_body(self, rows: tuple[Dim, ...] | None, depth: int) -> None:
         self.depth = depth
         self.scratch_lines = []
+        self.hoisted = {}
         rem = "row"
         for k in range(len(rows or ()) - 1, -1, -1):
             d = rows[k]
@@ -333,11 +353,13 @@ class _Emitter:
                 f"std::unique_ptr<{ct}[]> row_{m.name}(new {ct}[{cidx(m.shape[-1], self.names)}]);"
             )
             self.scratch_lines.append(f"{ct}* __restrict__ v_{m.name} = row_{m.name}.get();")
+        self.hoist, self.inner = (len(self.lines), self.depth), {last}
         if not has_reduce(m.body):
             self.line("#pragma omp simd")
         self.line(f"for (int64_t {last} = 0; {last} < {cidx(m.shape[-1], self.names)}; ++{last}) {{")
         self.depth += 1
         code = self.typed(m.body, m.dtype)
+        self.hoist, self.inner = None, set()
         if m.name in self.rows_out:
             self.line(f"{self.rows_out[m.name]}[{last}] = {code};")
         elif m.name in self.local:
@@ -355,6 +377,23 @@ class _Emitter:
     def typed(self, s: Scalar, dt: DType) -> str:
         code, got = self.expr(s)
         return code if got is dt else f"{CTYPE[dt]}({code})"
+
+
+def _loop_vars(s: Scalar) -> set[str] | None:
+    """The names a scalar's value depends on through its indices (loop variables, sizes), or
+    None when it holds a reduction (its value is made by lines of its own)."""
+    if isinstance(s, Reduce):
+        return None
+    if isinstance(s, Index):
+        return {x.name for x in s.expr.free_symbols}
+    parts = s.index if isinstance(s, Load) else s.args if isinstance(s, Call) else ()
+    out: set[str] = set()
+    for p in parts:
+        inner = {x.name for x in p.free_symbols} if isinstance(p, sympy.Expr) else _loop_vars(p)
+        if inner is None:
+            return None
+        out |= inner
+    return out
 
 
 def _reads_memory(s: Scalar) -> bool:
