@@ -85,7 +85,15 @@ class _Host:
 
     def resolve(self, line: str, mem: MemoryPlan, places: set[str]) -> str:
         """A line with its buffers made concrete: a tensor `t_x`, or for a buffer in `places`
-        (`_address_only`) its address `a_x` and its element offset `o_x` in the workspace."""
+        (`_address_only`) its address `a_x`, the tensor it lies in `b_x` (the workspace, or a
+        library's result: `@lib{x} = ...`) and its element offset `o_x` there."""
+        lib = re.match(r"(\s*)@lib\{(\w+)\} = (.*)$", line)
+        if lib:
+            indent, name, rest = lib.groups()
+            if name in places:
+                return f"{indent}b_{name} = {_MARK.sub(lambda m: self._concrete(m, places), rest)}; " \
+                       f"a_{name}, o_{name} = b_{name}.data_ptr(), 0"  # fmt: skip
+            line = f"{indent}t_{name} = {rest}"
         if line.strip().startswith("@alloc "):
             indent = line[: len(line) - len(line.lstrip())]
             name = line.split()[1]
@@ -95,16 +103,16 @@ class _Host:
                 return f"{indent}t_{name} = empty_strided({shape}, {strides}, dtype={b.dtype.torch})"
             item, z = b.dtype.torch.itemsize, f"z{mem.slot_of[name]}"
             if name in places:
-                return f"{indent}a_{name}, o_{name} = wsp + {z}, {z} // {item}"
+                return f"{indent}a_{name}, o_{name}, b_{name} = wsp + {z}, {z} // {item}, ws_{b.dtype.name}"
             return f"{indent}t_{name} = as_strided(ws_{b.dtype.name}, {shape}, {strides}, {z} // {item})"
+        return _MARK.sub(lambda m: self._concrete(m, places), line)
 
-        def concrete(m: re.Match) -> str:
-            what, name = m.group(1), m.group(2)
-            if name in places:
-                return {"ptr": f"a_{name}", "buf": f"ws_{self.s.buffers[name].dtype.name}", "off": f"o_{name} + "}[what]
-            return {"ptr": f"t_{name}.data_ptr()", "buf": f"t_{name}", "off": ""}[what]
-
-        return _MARK.sub(concrete, line)
+    @staticmethod
+    def _concrete(m: re.Match, places: set[str]) -> str:
+        what, name = m.group(1), m.group(2)
+        if name in places:
+            return {"ptr": f"a_{name}", "buf": f"b_{name}", "off": f"o_{name} + "}[what]
+        return {"ptr": f"t_{name}.data_ptr()", "buf": f"t_{name}", "off": ""}[what]
 
     def threshold(self, step: str, kind: str, shape: tuple[int, ...]) -> str:
         name = f"th_{kind}_{'_'.join(map(str, shape))}"
@@ -147,7 +155,7 @@ class _Host:
             self.code.packed[w] = st.weight
             bias = self.ref(st.bias) if st.bias else "None"
             attr, algo = st.postop or ("none", "")
-            library = f"t_{st.out} = linear({self.view(st.a)}, W[{w!r}], {bias}, {attr!r}, [], {algo!r})"
+            library = f"@lib{{{st.out}}} = linear({self.view(st.a)}, W[{w!r}], {bias}, {attr!r}, [], {algo!r})"
             mat = as_matrix(st.a)
             dtype = self.s.buffers[st.a.buffer].dtype
             rows_fn = {DType.float32: "sf_linear_rows", DType.bfloat16: "sf_linear_rows_bf16"}.get(dtype)
@@ -264,6 +272,9 @@ class _Host:
         mem = plan_memory(defs, reads, nbytes)
         self.memory = mem
         self.places = _address_only(body, set(mem.slot_of))
+        self.libraries = {
+            m.group(2) for lines in body for line in lines for m in _MARK.finditer(line) if m.group(1) == "lib"
+        }
         body = [[self.resolve(ln, mem, self.places) for ln in lines] for lines in body]
         self.code.source = self.function("run", body, last, keep, timed=False)
         self.code.source += "\n\n" + self.function("run_timed", body, last, keep, timed=True)
@@ -297,17 +308,19 @@ class _Host:
             out += ["    " + line for line in lines]
             # a buffer made and used up inside one step may exist in one branch only: no del
             local = {ln.split(" = ")[0].strip()[2:] for ln in body[i] if ln.startswith(" ") and " = " in ln}
-            dead = sorted(
-                n for n, j in last.items() if j == i and n not in keep and n not in local and n not in self.places
-            )
-            if dead:
-                out.append("    del " + ", ".join(f"t_{n}" for n in dead))
+            dead = sorted(n for n, j in last.items() if j == i and n not in keep and n not in local)
+            tensors = [n for n in dead if n not in self.places]
+            if tensors:
+                out.append("    del " + ", ".join(f"t_{n}" for n in tensors))
+            held = [n for n in dead if n in self.places and n in self.libraries]  # a library's result, maybe
+            if held:
+                out.append("    " + " = ".join(f"b_{n}" for n in held) + " = None")
         out.append("    check(sym)")
         out.append("    return [" + ", ".join(self.ref(n) for n in s.outputs) + "]")
         return "\n".join(out) + "\n"
 
 
-_MARK = re.compile(r"@(ptr|buf|off)\{(\w+)\}")
+_MARK = re.compile(r"@(ptr|buf|off|lib)\{(\w+)\}")
 
 
 def _marked(line: str) -> list[str]:
