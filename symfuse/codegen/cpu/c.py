@@ -44,8 +44,6 @@ float expf(float) noexcept;
 float logf(float) noexcept;
 #pragma omp declare simd notinbranch
 float tanhf(float) noexcept;
-#pragma omp declare simd notinbranch
-float erff(float) noexcept;
 }
 """
 
@@ -146,8 +144,10 @@ static inline float sf_erff(float x) {
   return x * p / q;
 }
 static inline float sf_gelu_erf(float x) { return 0.5f * x * (1.0f + sf_erff(x * 0.70710678118654752f)); }
+// 0.5 x (1 + tanh(u)) is x / (1 + exp(-2u)): no tanhf call (scalar on most targets) and no
+// cancellation where tanh(u) is near -1
 static inline float sf_gelu_tanh(float x) {
-  return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+  return x / (1.0f + sf_expf(-1.5957691216057308f * (x + 0.044715f * x * x * x)));
 }
 """
 
