@@ -156,6 +156,7 @@ class _Host:
             bias = self.ref(st.bias) if st.bias else "None"
             attr, algo = st.postop or ("none", "")
             library = f"@lib{{{st.out}}} = linear({self.view(st.a)}, W[{w!r}], {bias}, {attr!r}, [], {algo!r})"
+            library += self.reshaped(st)
             mat = as_matrix(st.a)
             dtype = self.s.buffers[st.a.buffer].dtype
             rows_fn = {DType.float32: "sf_linear_rows", DType.bfloat16: "sf_linear_rows_bf16"}.get(dtype)
@@ -191,6 +192,12 @@ class _Host:
         if st.epilogue is not None:
             out += self.native(st.epilogue)
         return out
+
+    def reshaped(self, st: GemmStep) -> str:
+        """`.view(...)` that gives a linear's result its output's shape, when its epilogue read
+        it through a reshape ([B*S, N] as [B, S, N]); else nothing."""
+        shape = self.s.buffers[st.out].shape
+        return "" if tuple(shape[:-1]) == tuple(st.a.sizes[:-1]) else f".view({self.tup(shape)})"
 
     def batched(self, st: GemmStep) -> list[str]:
         """A batched product on strided views of its operands' buffers (torch.matmul)."""

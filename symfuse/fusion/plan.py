@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from symfuse.shape.store import ShapeStore, Tri
-from symfuse.te.analysis import GATHER, MANY, ONE, Analysis, has_reduce, in_row, loads
+from symfuse.te.analysis import GATHER, MANY, ONE, Analysis, has_reduce, in_row, loads, same_element
 from symfuse.te.ir import TE, Opaque
 from symfuse.te.lower import TEProgram
 
@@ -135,6 +135,14 @@ class _Planner:
             return Tri.NO
         return self.store.same_shape(sp[:-1], sc[:-1]) if sp else Tri.YES
 
+    def elementwise_reader(self, p: str, c: str) -> bool:
+        """Does c read p element for element: the same shape, or every read at c's own
+        offset in p (a reshape between them)?"""
+        pt, ct = self.items[p], self.items[c]
+        if self.store.same_shape(pt.shape, ct.shape) is Tri.YES:
+            return True
+        return all(same_element(ld, pt.shape, ct) for ld, _ in loads(ct.body) if ld.tensor == p)
+
     def reads_own_rows(self, p: str, c: str) -> bool:
         ct = self.items[c]
         return all(in_row(ld.index, ct.axes, ct.shape) for ld, _ in loads(ct.body) if ld.tensor == p)
@@ -162,8 +170,8 @@ class _Planner:
         if self.gemm_reads_group(p, c):
             return False, "the GEMM of one kernel reads the other kernel's values: they must be done before it runs"
         if self.gemm(p):
-            if rel != ONE or self.store.same_shape(self.items[p].shape, self.items[c].shape) is not Tri.YES:
-                return False, "a GEMM epilogue must read the result element for element, same shape"
+            if rel != ONE or not self.elementwise_reader(p, c):
+                return False, "a GEMM epilogue must read the result element for element (same shape, or a reshape)"
             if has_reduce(self.items[c].body):
                 return False, "a reduction is not an epilogue"
             if self.creates_cycle(p, c):

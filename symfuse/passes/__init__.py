@@ -5,7 +5,7 @@ from the registry's rules against the same shape store; tests run the reference 
 on the graph before and after a pass at several bindings.
 """
 
-from symfuse.passes.algebra import fold_layout_chains, hoist_scales
+from symfuse.passes.algebra import fold_layout_chains, hoist_scales, recognise_gelu_tanh
 from symfuse.passes.attention import decompose_attention
 from symfuse.passes.batch_norm import fold_batch_norm
 from symfuse.passes.horizontal import merge_parallel_linears
@@ -15,6 +15,7 @@ from symfuse.passes.rewrite import Rewriter
 PIPELINE = (
     fold_layout_chains,
     hoist_scales,
+    recognise_gelu_tanh,
     decompose_attention,
     canonical_linears,
     merge_parallel_linears,
@@ -30,4 +31,5 @@ __all__ = [
     "fold_layout_chains",
     "hoist_scales",
     "merge_parallel_linears",
+    "recognise_gelu_tanh",
 ]

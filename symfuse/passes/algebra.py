@@ -8,9 +8,14 @@
   dims as wholes and splits them back is one `permute` of `x` (`[B, H, S, D] -> [B*H, S,
   D] -> [B*H, D, S] -> [B, H, D, S]` is `permute(x, (0, 1, 3, 2))`), a strided view a GEMM
   reads in place instead of a copy.
+- `recognise_gelu_tanh`: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))` written out in
+  element-wise ops (GPT-2's `gelu_new`) is `gelu(x, approximate="tanh")`: one op that the
+  GEMM before it takes as its epilogue, instead of a pass of eight ops over its output.
 """
 
 from __future__ import annotations
+
+import math
 
 from symfuse.ir.dims import Dim
 from symfuse.ir.graph import Graph, Node, Value
@@ -119,3 +124,54 @@ def fold_layout_chains(graph: Graph, store: ShapeStore) -> Graph:
 
 
 __all__ = ["fold_layout_chains", "hoist_scales"]
+
+
+def recognise_gelu_tanh(graph: Graph, store: ShapeStore) -> Graph:
+    producer = graph.producers()
+
+    def op(v: Value | None, name: str) -> Node | None:
+        n = producer.get(v) if v is not None else None
+        return n if n is not None and n.op == name else None
+
+    def times(v: Value | None, c: float) -> Value | None:
+        """x when `v = x * c` (either order), c within 1e-6 relative."""
+        n = op(v, "mul")
+        if n is None:
+            return None
+        a, b = n.inputs
+        for x, k in ((a, b), (b, a)):
+            got = _scalar_const(k, producer)
+            if got is not None and math.isclose(got, c, rel_tol=1e-6):
+                return x
+        return None
+
+    def plus_one(v: Value) -> Value | None:
+        """t when `v = t + 1` (either order)."""
+        n = op(v, "add")
+        if n is None:
+            return None
+        a, b = n.inputs
+        return a if _scalar_const(b, producer) == 1.0 else b if _scalar_const(a, producer) == 1.0 else None
+
+    def gelu_input(n: Node) -> Value | None:
+        """x when `n` is 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in any order."""
+        for half, rest in (n.inputs, n.inputs[::-1]):
+            x = times(half, 0.5)
+            t = op(plus_one(rest), "tanh")
+            inner = times(t.inputs[0], math.sqrt(2 / math.pi)) if t is not None and x is not None else None
+            s = op(inner, "add")
+            if s is None:
+                continue
+            for a, b in (s.inputs, s.inputs[::-1]):
+                cube = op(times(b, 0.044715), "pow_scalar")
+                if a is x and cube is not None and cube.inputs[0] is x and cube.attrs["exponent"] == 3:
+                    return x
+        return None
+
+    def rule(rw: Rewriter, n: Node, ins):
+        x = gelu_input(n) if n.op == "mul" and n.out.type.dtype.is_float else None
+        if x is None:
+            return None
+        return (rw.emit("gelu", [rw.env[x]], n.loc, n.out.name, approximate="tanh"),)
+
+    return Rewriter(graph, store).run(rule)

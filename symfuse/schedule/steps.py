@@ -25,7 +25,7 @@ from symfuse.ir.dims import Dim
 from symfuse.ir.dtypes import DType
 from symfuse.ir.graph import Graph, Node
 from symfuse.schedule.layout import View, reorder_for, row_major, strided_view
-from symfuse.te.analysis import Analysis, operand
+from symfuse.te.analysis import Analysis, operand, same_element
 from symfuse.te.ir import TE, Call, Load, Opaque, Reduce, Scalar, axis, substitute
 from symfuse.te.lower import TEProgram
 
@@ -200,7 +200,9 @@ class _Builder:
                 isinstance(b, Call)
                 and b.fn in POSTOPS
                 and len(b.args) == 1
-                and b.args[0] == Load(anchor, e.axes)
+                and isinstance(b.args[0], Load)
+                and b.args[0].tensor == anchor
+                and same_element(b.args[0], self.items[anchor].shape, e)
                 and dict(b.params).get("approximate", "none") in ("none", "tanh")
             ):
                 step.postop = (POSTOPS[b.fn], dict(b.params).get("approximate", "none") if b.fn == "gelu" else "")

@@ -58,6 +58,19 @@ def gather_site(index: Scalar, k: int, tensor: str, size, step: str) -> tuple[Sc
     return value, python, f"{source} indexing dim {k} of {tensor} (size {fmt(size)}) in {step}"
 
 
+def same_element(load: Load, shape: tuple, reader: TE) -> bool:
+    """Does `reader` read, through `load`, the element of a tensor of `shape` at its own
+    offset when both are dense: the same index, or through a reshape ([B*S, N] read as
+    [B, S, N])?"""
+    if load.index == tuple(reader.axes):
+        return True
+    if not all(isinstance(i, sympy.Expr) for i in load.index) or len(load.index) != len(shape):
+        return False
+    from symfuse.te.rules import linear_index
+
+    return sympy.expand(linear_index(load.index, shape) - linear_index(reader.axes, reader.shape)) == 0
+
+
 def row_scalar(t: TE) -> bool:
     """One value per row (rank 0, or a last dim of 1): a row statistic such as a mean."""
     return not t.shape or t.shape[-1] == 1

@@ -64,7 +64,7 @@ class _GpuHost(_Host):
             act = f"t_{st.out} = activation(t_{st.out}, {attr!r}, {algo!r})"
         if st.weight is not None:
             bias = self.ref(st.bias) if st.bias else "None"
-            out.append(f"t_{st.out} = linear({self.view(st.a)}, {self.ref(st.weight)}, {bias})")
+            out.append(f"t_{st.out} = linear({self.view(st.a)}, {self.ref(st.weight)}, {bias}){self.reshaped(st)}")
         elif st.conv is not None:
             pad, stride, dil, groups = st.conv
             x, w = self.ref(st.a.buffer), self.ref(st.b.buffer)
