@@ -48,14 +48,16 @@ def loads_through(s: Scalar, inline: dict[str, TE]):
             yield ld
 
 
-def gather_site(index: Scalar, k: int, tensor: str, size, step: str) -> tuple[Scalar, bool, str]:
+def gather_site(index: Scalar, k: int, tensor: str | None, size, step: str) -> tuple[Scalar, bool, str]:
     """A data-dependent index of dim `k` of `tensor`: the value to check, whether it counts
     from the end (`from_end`: valid in [-size, size)) or not ([0, size)), and what it is, in
-    words, for the error an out-of-range value raises."""
+    words, for the error an out-of-range value raises (`tensor` None: a generator such as an
+    arange, computed where it is read, is read at the index)."""
     python = isinstance(index, Call) and index.fn == "from_end"
     value = index.args[0] if python else index
     source = ", ".join(sorted({x.tensor for x, _ in loads(value)})) or "a computed index"
-    return value, python, f"{source} indexing dim {k} of {tensor} (size {fmt(size)}) in {step}"
+    where = f"dim {k} of {tensor}" if tensor else "a computed tensor's dim"
+    return value, python, f"{source} indexing {where} (size {fmt(size)}) in {step}"
 
 
 def same_element(load: Load, shape: tuple, reader: TE) -> bool:

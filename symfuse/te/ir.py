@@ -119,16 +119,42 @@ def fmt_te(t: TE | Opaque) -> str:
     return f"{t.name}[{idx}] = {fmt_scalar(t.body)}" + (f"   for {dom}" if dom else "")
 
 
+def _as_scalar(e: sympy.Expr, data: dict, dtype: DType) -> Scalar:
+    """An integer index expression whose variables in `data` stand for scalars, as a scalar."""
+    if e in data:
+        value = data[e]
+        return value if value.dtype is dtype else Call("cast", (value,), dtype)
+    if not e.free_symbols & data.keys():
+        return Index(e, dtype)
+    if e.is_Add or e.is_Mul:
+        parts = [_as_scalar(a, data, dtype) for a in e.args]
+        out = parts[0]
+        for p in parts[1:]:
+            out = Call("add" if e.is_Add else "mul", (out, p), dtype)
+        return out
+    raise NotImplementedError(f"an index {e} of a gathered value is not a sum of products")
+
+
 def substitute(s: Scalar, mapping: dict) -> Scalar:
     """`s` with loop variables replaced by index expressions (a load of a generator
     becomes the generator's body at the load's index)."""
 
+    # a variable mapped to a scalar (a gathered index) leaves sympy: expressions of it become calls
+    data = {k: v for k, v in mapping.items() if not isinstance(v, sympy.Expr)}
+    plain = {k: v for k, v in mapping.items() if k not in data}
+
     def idx(i):
-        return i.xreplace(mapping) if isinstance(i, sympy.Expr) else substitute(i, mapping)
+        if not isinstance(i, sympy.Expr):
+            return substitute(i, mapping)
+        if data and i.free_symbols & data.keys():
+            return _as_scalar(i.xreplace(plain), data, DType.int64)
+        return i.xreplace(mapping)
 
     if isinstance(s, Load):
         return Load(s.tensor, tuple(idx(i) for i in s.index))
     if isinstance(s, Index):
+        if data and s.expr.free_symbols & data.keys():
+            return _as_scalar(s.expr.xreplace(plain), data, s.dtype)
         return Index(s.expr.xreplace(mapping), s.dtype)
     if isinstance(s, Call):
         return Call(s.fn, tuple(substitute(a, mapping) for a in s.args), s.dtype, s.params)

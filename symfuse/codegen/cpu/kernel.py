@@ -192,6 +192,10 @@ class _Emitter:
             return f"({a} {_BINARY[fn]} {b})"
         if fn in _COMPARE:
             return f"({args[0][0]} {_COMPARE[fn]} {args[1][0]})"
+        if fn == "from_end":  # a gathered index used as a value (an arange read at it): checked all the same
+            self.gathers.append(gather_site(s, 0, None, s.args[1].expr, self.step.name)[2])
+            site, err = len(self.gathers) - 1, f"sym + {len(self.symbols)}"
+            return f"sf_index_from_end(int64_t({args[0][0]}), {args[1][0]}, {site}, {err})"
         if fn in ("maximum", "minimum"):
             return f"std::{fn[:3]}<{ct}>({cast(args[0])}, {cast(args[1])})"
         if fn in ("bitwise_and", "bitwise_or"):

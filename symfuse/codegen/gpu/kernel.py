@@ -252,11 +252,17 @@ class _Emitter:
         if known is not None:
             return known
         value, python, what = gather_site(i, k, ld.tensor, buf.shape[k], self.step.name)
+        v = self.checked(value, self.idx(buf.shape[k], ctx), python, what, ctx)
+        self.memo[-1][key] = v
+        return v
+
+    def checked(self, value: Scalar, extent: str, python: bool, what: str, ctx: _Ctx) -> str:
+        """`value` checked against [0, extent), or with `python` [-extent, extent) and counted
+        from the end when negative."""
         code, _ = self.expr(value, ctx)
         v = self.var("g")
         self.gathers.append(what)
         site = len(self.gathers) - 1
-        extent = self.idx(buf.shape[k], ctx)
         self.used_err = True
         bad = self.var("bad")
         self.line(f"{v} = ({code}).to(tl.int64)")
@@ -269,7 +275,6 @@ class _Emitter:
         if python:
             self.line(f"{v} = tl.where({v} < 0, {v} + {extent}, {v})")
         self.line(f"{v} = tl.where({bad}, 0, {v})")
-        self.memo[-1][key] = v
         return v
 
     def reduce(self, r: Reduce, ctx: _Ctx) -> str:
@@ -333,6 +338,9 @@ class _Emitter:
         dt, fn, params = s.dtype, s.fn, dict(s.params)
         if fn == "where" and not any(True for _ in loads(s.args[0])):
             return self.guarded_where(s, ctx)
+        if fn == "from_end":  # a gathered index used as a value (an arange read at it): checked all the same
+            value, _, what = gather_site(s, 0, None, s.args[1].expr, self.step.name)
+            return self.checked(value, self.idx(s.args[1].expr, ctx), True, what, ctx)
         args = [self.expr(a, ctx) for a in s.args]
         wide = _WIDE.get(dt, dt)
 
