@@ -184,6 +184,7 @@ def cat_rule(lw, node, xs, dim):
 
 def gather_rule(lw, node, x, index, dim):
     k = dim % node.out.type.rank
+    x = lw.materialize(node.inputs[0])  # a data-dependent index cannot go through a layout's index map
     return lambda idx: x(idx[:k] + (index(idx),) + idx[k + 1 :])
 
 
@@ -193,6 +194,7 @@ def index_rule(lw, node, x, idx, dims):
     Their broadcast dims stand where the indexed dims stood when those are adjacent, else
     first (NumPy's rule); the other dims pass through."""
     x_shape = node.inputs[0].type.shape
+    x = lw.materialize(node.inputs[0])  # a data-dependent index cannot go through a layout's index map
     ks = [d % len(x_shape) for d in dims]
     shapes = [v.type.shape for v in node.inputs[1:]]
     nb = max(len(s) for s in shapes)
@@ -207,6 +209,7 @@ def index_rule(lw, node, x, idx, dims):
 
 
 def embedding_rule(lw, node, weight, indices):
+    weight = lw.materialize(node.inputs[0])  # a data-dependent index cannot go through a layout's index map
     return lambda idx: weight((indices(idx[:-1]), idx[-1]))
 
 
