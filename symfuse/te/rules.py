@@ -13,7 +13,7 @@ import sympy
 
 from symfuse.ir.dims import Dim, dim, exact_quotient, floordiv, mod, slice_bound
 from symfuse.ir.dtypes import DType
-from symfuse.te.ir import Call, Const, Index, Reduce, from_end, reduce_axis
+from symfuse.te.ir import Call, Const, Index, Load, Reduce, axis, from_end, reduce_axis
 
 # -- index helpers ---------------------------------------------------------------------
 
@@ -182,9 +182,21 @@ def cat_rule(lw, node, xs, dim):
     return body
 
 
+def _gatherable(lw, v, x, dims):
+    """`x` (the accessor of `v`) if a data-dependent index at `dims` passes through its index
+    map as it is (a plain tensor, an expand, a permute); else `v` as a tensor of its own: a
+    reshape or a slice would do arithmetic on the index."""
+    probe = Load("?", ())
+    try:
+        x(tuple(probe if k in dims else axis(k) for k in range(v.type.rank)))
+    except (TypeError, sympy.SympifyError):
+        return lw.materialize(v)
+    return x
+
+
 def gather_rule(lw, node, x, index, dim):
     k = dim % node.out.type.rank
-    x = lw.materialize(node.inputs[0])  # a data-dependent index cannot go through a layout's index map
+    x = _gatherable(lw, node.inputs[0], x, (k,))
     return lambda idx: x(idx[:k] + (index(idx),) + idx[k + 1 :])
 
 
@@ -194,8 +206,8 @@ def index_rule(lw, node, x, idx, dims):
     Their broadcast dims stand where the indexed dims stood when those are adjacent, else
     first (NumPy's rule); the other dims pass through."""
     x_shape = node.inputs[0].type.shape
-    x = lw.materialize(node.inputs[0])  # a data-dependent index cannot go through a layout's index map
     ks = [d % len(x_shape) for d in dims]
+    x = _gatherable(lw, node.inputs[0], x, ks)
     shapes = [v.type.shape for v in node.inputs[1:]]
     nb = max(len(s) for s in shapes)
     first = ks[0] if ks == list(range(ks[0], ks[0] + len(ks))) else 0
@@ -209,7 +221,7 @@ def index_rule(lw, node, x, idx, dims):
 
 
 def embedding_rule(lw, node, weight, indices):
-    weight = lw.materialize(node.inputs[0])  # a data-dependent index cannot go through a layout's index map
+    weight = _gatherable(lw, node.inputs[0], weight, (0,))
     return lambda idx: weight((indices(idx[:-1]), idx[-1]))
 
 
