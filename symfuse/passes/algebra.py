@@ -31,21 +31,25 @@ def _scalar_const(v: Value, producer: dict[Value, Node]) -> float | None:
     return float(n.attrs["value"])
 
 
+def _with_constant(v: Value | None, producer: dict[Value, Node], op: str) -> list[tuple[Value, float]]:
+    """Every (x, c) with `v = x op c` (either order) and c a scalar constant."""
+    n = producer.get(v) if v is not None else None
+    if n is None or n.op != op:
+        return []
+    a, b = n.inputs
+    return [(x, k) for x, c in ((a, b), (b, a)) if (k := _scalar_const(c, producer)) is not None]
+
+
 def hoist_scales(graph: Graph, store: ShapeStore) -> Graph:
     producer = graph.producers()
     count = users(graph)
 
     def scaled(v: Value) -> tuple[Value, float] | None:
         """`v = x * c` (either order) with a scalar constant c and v read only here."""
-        n = producer.get(v)
-        if n is None or n.op != "mul" or count.get(v) != 1 or not v.type.dtype.is_float:
+        if count.get(v) != 1 or not v.type.dtype.is_float:
             return None
-        a, b = n.inputs
-        for x, c in ((a, b), (b, a)):
-            k = _scalar_const(c, producer)
-            if k is not None and x.type.shape == v.type.shape and x.type.dtype == v.type.dtype:
-                return x, k
-        return None
+        same = (xk for xk in _with_constant(v, producer, "mul") if xk[0].type == v.type)
+        return next(same, None)
 
     def rule(rw: Rewriter, n: Node, ins):
         if n.op != "matmul":
@@ -123,9 +127,6 @@ def fold_layout_chains(graph: Graph, store: ShapeStore) -> Graph:
     return Rewriter(graph, store).run(rule)
 
 
-__all__ = ["fold_layout_chains", "hoist_scales"]
-
-
 def recognise_gelu_tanh(graph: Graph, store: ShapeStore) -> Graph:
     producer = graph.producers()
 
@@ -135,23 +136,11 @@ def recognise_gelu_tanh(graph: Graph, store: ShapeStore) -> Graph:
 
     def times(v: Value | None, c: float) -> Value | None:
         """x when `v = x * c` (either order), c within 1e-6 relative."""
-        n = op(v, "mul")
-        if n is None:
-            return None
-        a, b = n.inputs
-        for x, k in ((a, b), (b, a)):
-            got = _scalar_const(k, producer)
-            if got is not None and math.isclose(got, c, rel_tol=1e-6):
-                return x
-        return None
+        return next((x for x, k in _with_constant(v, producer, "mul") if math.isclose(k, c, rel_tol=1e-6)), None)
 
     def plus_one(v: Value) -> Value | None:
         """t when `v = t + 1` (either order)."""
-        n = op(v, "add")
-        if n is None:
-            return None
-        a, b = n.inputs
-        return a if _scalar_const(b, producer) == 1.0 else b if _scalar_const(a, producer) == 1.0 else None
+        return next((x for x, k in _with_constant(v, producer, "add") if k == 1.0), None)
 
     def gelu_input(n: Node) -> Value | None:
         """x when `n` is 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in any order."""
@@ -175,3 +164,6 @@ def recognise_gelu_tanh(graph: Graph, store: ShapeStore) -> Graph:
         return (rw.emit("gelu", [rw.env[x]], n.loc, n.out.name, approximate="tanh"),)
 
     return Rewriter(graph, store).run(rule)
+
+
+__all__ = ["fold_layout_chains", "hoist_scales", "recognise_gelu_tanh"]

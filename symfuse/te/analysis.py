@@ -19,6 +19,7 @@ import sympy
 from symfuse.ir.dims import fmt
 from symfuse.te.ir import TE, Call, Const, Load, Opaque, Reduce, Scalar
 from symfuse.te.lower import TEProgram
+from symfuse.te.rules import linear_index
 
 ONE = "one-relies-on-one"
 MANY = "one-relies-on-many"
@@ -68,8 +69,6 @@ def same_element(load: Load, shape: tuple, reader: TE) -> bool:
         return True
     if not all(isinstance(i, sympy.Expr) for i in load.index) or len(load.index) != len(shape):
         return False
-    from symfuse.te.rules import linear_index
-
     return sympy.expand(linear_index(load.index, shape) - linear_index(reader.axes, reader.shape)) == 0
 
 

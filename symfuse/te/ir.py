@@ -49,7 +49,8 @@ class Call:
 
 def from_end(index: Scalar, extent: Dim) -> Call:
     """A gather index read as Python reads one: in [-extent, extent), a negative one counting
-    from the end. Only ever a load's index; the emitters check it against that range."""
+    from the end. A load's index, or its value where a generator (an arange) is read at it;
+    the emitters check it against that range either way."""
     return Call("from_end", (Call("cast", (index,), DType.int64), Index(extent, DType.int64)), DType.int64)
 
 

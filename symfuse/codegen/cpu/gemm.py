@@ -1,8 +1,8 @@
 """symfuse's own GEMM for linear layers over few rows, where streaming the weights is the
 cost: all rows pass over each chunk of a panel of packed weights while it sits in L1 (two
 thirds of it), the next chunk is prefetched meanwhile, and bias and activation are applied
-to the tile while it is in registers and cache. The host picks it or oneDNN per call from the row count, at a switch
-point measured on the machine (`calibrate.py`).
+to the tile while it is in registers and cache. The host picks it or oneDNN per call from
+the row count, at a switch point measured on the machine (`calibrate.py`).
 
 The micro-kernel is written once over `sf_vec` (c.py's vector abstraction) and shaped per
 target: a tile of `rows` x `vectors` accumulators plus one register per weight vector and

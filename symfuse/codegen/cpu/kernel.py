@@ -78,6 +78,13 @@ class _Emitter:
         self.fresh += 1
         return f"{base}{self.fresh}"
 
+    def checked(self, code: str, extent: str, python: bool, what: str) -> str:
+        """`code` as an index checked against [0, extent), or with `python` [-extent, extent)
+        and counted from the end when negative; an out-of-range one is reported as `what`."""
+        self.gathers.append(what)
+        check = "sf_index_from_end" if python else "sf_index"
+        return f"{check}(int64_t({code}), {extent}, {len(self.gathers) - 1}, sym + {len(self.symbols)})"
+
     # -- scalars ------------------------------------------------------------------------
     def expr(self, s: Scalar) -> tuple[str, DType]:
         if isinstance(s, Load):
@@ -129,9 +136,7 @@ class _Emitter:
             v = self.hoisted.get((code, extent, python)) if hoist else None
             if v is None:
                 v = self.var("g")
-                self.gathers.append(what)
-                site, check = len(self.gathers) - 1, "sf_index_from_end" if python else "sf_index"
-                text = f"const int64_t {v} = {check}(int64_t({code}), {extent}, {site}, sym + {len(self.symbols)});"
+                text = f"const int64_t {v} = {self.checked(code, extent, python, what)};"
                 if hoist:  # once a row, before the member's loop
                     at, depth = self.hoist
                     self.lines.insert(at, "  " * depth + text)
@@ -193,9 +198,8 @@ class _Emitter:
         if fn in _COMPARE:
             return f"({args[0][0]} {_COMPARE[fn]} {args[1][0]})"
         if fn == "from_end":  # a gathered index used as a value (an arange read at it): checked all the same
-            self.gathers.append(gather_site(s, 0, None, s.args[1].expr, self.step.name)[2])
-            site, err = len(self.gathers) - 1, f"sym + {len(self.symbols)}"
-            return f"sf_index_from_end(int64_t({args[0][0]}), {args[1][0]}, {site}, {err})"
+            what = gather_site(s, 0, None, s.args[1].expr, self.step.name)[2]
+            return self.checked(args[0][0], args[1][0], True, what)
         if fn in ("maximum", "minimum"):
             return f"std::{fn[:3]}<{ct}>({cast(args[0])}, {cast(args[1])})"
         if fn in ("bitwise_and", "bitwise_or"):
