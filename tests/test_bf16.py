@@ -3,8 +3,8 @@
 The storage (bf16 loads widened, stores rounded to nearest even) and the merged attention's
 bf16 form are plain C++: they run at every ISA this CPU runs, forced with
 `force_precision` (library GEMMs in bf16 are oneDNN's, which needs AVX-512 at least). The
-bf16 row GEMM (both ways of multiplying: `vdpbf16ps`, and FMA on widened weights) and the
-end-to-end speed path need AVX512-BF16; on CPUs without it the program runs fp32 and
+bf16 row GEMM (every way of multiplying the CPU has: `vdpbf16ps`, FMA on widened weights, AMX
+tiles) and the end-to-end speed path need AVX512-BF16; on CPUs without it the program runs fp32 and
 `explain` says why, which is tested wherever that holds.
 """
 
@@ -17,7 +17,7 @@ from symfuse.api import CompiledModule
 from symfuse.codegen.compile import compile_program
 from symfuse.codegen.cpu import target as tg
 from symfuse.codegen.cpu.calibrate import row_kernel
-from symfuse.codegen.cpu.gemm import ACTIVATIONS, has_bf16_rows, pack_panels, tile_for
+from symfuse.codegen.cpu.gemm import ACTIVATIONS, BF16_MULTIPLY, bf16_multiplies, has_bf16_rows, pack_panels, tile_for
 from symfuse.codegen.precision import cpu_bf16_missing
 from symfuse.ir.dtypes import DType
 from symfuse.options import THRESHOLD_KINDS, Options
@@ -35,9 +35,9 @@ def cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("kernels"))
 
 
-def forced(cache: str, value: int, widened: int = 0, **kw) -> Options:
-    """Every switch point at `value`; the bf16 row kernel multiplying by vdpbf16ps, or `widened`."""
-    kinds = tuple((k, widened if k == "bf16_widened" else value) for k in THRESHOLD_KINDS)
+def forced(cache: str, value: int, multiply: int = 0, **kw) -> Options:
+    """Every switch point at `value`; the bf16 row kernel multiplying as `BF16_MULTIPLY[multiply]`."""
+    kinds = tuple((k, multiply if k == "bf16_multiply" else value) for k in THRESHOLD_KINDS)
     return Options(cache_dir=cache, thresholds=kinds, precision="bf16", **kw)
 
 
@@ -84,18 +84,18 @@ def test_storage_rounds_as_torch_at_every_isa(isa, cache):
 
 
 @pytest.mark.skipif(not has_bf16_rows(HERE), reason="the bf16 row kernel needs AVX512-BF16, which this CPU lacks")
-@pytest.mark.parametrize("widened", [False, True])
-def test_bf16_row_gemm_at_odd_shapes(widened, cache):
+@pytest.mark.parametrize("multiply", bf16_multiplies(HERE))
+def test_bf16_row_gemm_at_odd_shapes(multiply, cache):
     tile = tile_for(HERE)
-    fn = row_kernel(HERE, Options(cache_dir=cache), True, widened)
+    fn = row_kernel(HERE, Options(cache_dir=cache), True, multiply)
     gen = torch.Generator().manual_seed(0)
     p = tile.panel
     for n in (1, 15, p - 1, p + 5, 3 * p + 17):
-        for k in (1, 2, 3, 17, 64):
+        for k in (1, 2, 3, 17, 64, 97):  # AMX: K in steps of 32, a partial last step
             w = torch.randn(n, k, generator=gen).bfloat16()
             bias = torch.randn(n, generator=gen).bfloat16()
             wp = pack_panels(w.float(), p, bf16=True)
-            for m in (1, 2, tile.rows + 1, 13, 31):
+            for m in (1, 2, tile.rows + 1, 13, 31, 48):  # AMX: blocks of 16 rows, whole or padded
                 a = torch.randn(m, k + 3, generator=gen).bfloat16()[:, :k]  # rows with a stride of k + 3
                 for name, code in ACTIVATIONS.items():
                     for b in (bias, None):
@@ -104,7 +104,7 @@ def test_bf16_row_gemm_at_odd_shapes(widened, cache):
                            c.data_ptr(), n, m, n, k, code)  # fmt: skip
                         exact = ACTS[name](F.linear(a.float(), w.float(), b.float() if b is not None else None))
                         # float accumulation in another order, then one rounding: within a bf16 step
-                        assert torch.allclose(c.float(), exact, rtol=1e-2, atol=1e-2), (widened, m, n, k, name)
+                        assert torch.allclose(c.float(), exact, rtol=1e-2, atol=1e-2), (multiply, m, n, k, name)
 
 
 @pytest.mark.parametrize("isa", RUNNABLE)
@@ -129,13 +129,13 @@ def test_sentence_embeddings_in_bf16(minilm, cache):
     """bf16 where it is faster (AVX512-BF16): embeddings within cosine 0.999 of fp32 eager on both
     sides of every switch point, one compile; elsewhere fp32, with the reason in `explain`."""
     case, captured = minilm
-    # library versions everywhere, then symfuse's (its row kernel multiplying both ways)
-    for value, widened in ((0, 0), (1 << 20, 0), (1 << 20, 1)):
-        c = CompiledModule(captured, forced(cache, value, widened))
+    # library versions everywhere, then symfuse's (its row kernel multiplying every way it can)
+    for value, multiply in ((0, 0), *((1 << 20, m) for m in bf16_multiplies(HERE))):
+        c = CompiledModule(captured, forced(cache, value, multiply))
         text = c.explain(with_graph=False)
         if BF16_HERE:
             assert c.native.precision == "bf16" and "precision: bf16" in text
-            how = "FMA on weights widened to float32" if widened else "vdpbf16ps"
+            how = BF16_MULTIPLY[multiply]
             assert f"symfuse's bf16 row kernel multiplies by {how} (set by hand" in text
         else:
             assert c.native.precision == "fp32" and "precision bf16 was asked for, but" in text
@@ -146,10 +146,17 @@ def test_sentence_embeddings_in_bf16(minilm, cache):
                 want, got = case.model(**inputs), c(**inputs)
             assert got.dtype == torch.float32
             if BF16_HERE:
-                assert cosine_rows(got, want) > 0.999, (value, widened, b, s)
+                assert cosine_rows(got, want) > 0.999, (value, multiply, b, s)
             else:
                 assert rel_err(got, want) < 1e-4, (value, b, s)
         assert symfuse.compile_count() == count
+
+
+@pytest.mark.skipif(not BF16_HERE, reason="the bf16 row kernel needs AVX512-BF16, which this CPU lacks")
+def test_bf16_multiply_set_by_hand_is_checked(minilm, cache):
+    _, captured = minilm
+    with pytest.raises(ValueError, match=r"bf16_multiply=7 is not a way to multiply; use one of 0 \(vdpbf16ps\)"):
+        CompiledModule(captured, forced(cache, 8, 7))
 
 
 def test_no_bf16_instructions_falls_back_to_fp32_and_says_why(minilm, cache):

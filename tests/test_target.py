@@ -12,7 +12,7 @@ import symfuse
 from symfuse.codegen.cpu import target as tg
 from symfuse.codegen.cpu.build import BuildError, build
 from symfuse.codegen.cpu.calibrate import ROWS, Calibration, _switch_point
-from symfuse.codegen.cpu.gemm import has_bf16_rows, tile_for
+from symfuse.codegen.cpu.gemm import bf16_multiplies, has_bf16_rows, tile_for
 from symfuse.options import Options, parse_thresholds
 
 AVX2 = ("avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "lzcnt", "movbe", "os_avx")
@@ -205,7 +205,7 @@ def test_switch_points_measured_on_this_machine(tmp_path):
     if has_bf16_rows(target):  # bf16 kinds: the canonical attention in bf16, the row kernel's multiply
         keys = cal.get("attention_keys_library_bf16", (16,))
         assert keys.value >= 0 and "attention bf16, head size 16: merged kernel up to" in keys.describe()
-        assert cal.get("bf16_widened", ()).value in (0, 1)
+        assert cal.get("bf16_multiply", ()).value in bf16_multiplies(target)
     (path,) = (tmp_path / "m").iterdir()
     assert "linear_rows 64x96" in path.read_text() and "attention_keys_library 16" in path.read_text()
 

@@ -21,7 +21,7 @@ from symfuse.codegen.cpu.attention import emit_attention
 from symfuse.codegen.cpu.build import build
 from symfuse.codegen.cpu.c import CodegenError, preamble
 from symfuse.codegen.cpu.calibrate import Calibration, Threshold
-from symfuse.codegen.cpu.gemm import Tile, gemm_source, has_bf16_rows, pack_panels, tile_for
+from symfuse.codegen.cpu.gemm import BF16_MULTIPLY, Tile, gemm_source, has_bf16_rows, pack_panels, tile_for
 from symfuse.codegen.cpu.kernel import KernelSource, emit_kernel
 from symfuse.codegen.cpu.target import Target, detect
 from symfuse.codegen.host import HostCode, generate_host, opaque_functions
@@ -119,7 +119,7 @@ def generate(
 ) -> Generated:
     """Lower, plan, schedule and generate C++ for `target` (nothing is built or run);
     `precision="bf16"` stores every float32 buffer and constant in bfloat16, and its row kernel
-    multiplies as `bf16_multiply` says (`vdpbf16ps` when None)."""
+    multiplies as `bf16_multiply` says (`vdpbf16ps` when None, `gemm.BF16_MULTIPLY`)."""
     prog = lower(graph)
     analysis = analyse(prog)
     fp = plan(prog, analysis, store)
@@ -157,8 +157,8 @@ def generate(
     tile = tile_for(target)
     # the GEMM micro-kernel only where a step calls it: it is most of a small library's build time
     merged = any(isinstance(st, AttentionStep) and st.name in kernels for st in sched.steps)
-    widened = bool(host.bf16_multiply and host.bf16_multiply.value)
-    gemm = gemm_source(tile, bf16, widened) if host.panels or merged else ""
+    multiply = host.bf16_multiply.value if host.bf16_multiply else 0
+    gemm = gemm_source(tile, bf16, multiply) if host.panels or merged else ""
     own = "\n\n".join(k.source for k in kernels.values() if not k.function)
     source = preamble(target) + gemm + "\n" + own + "\n"
     return Generated(prog, fp, sched, kernels, gathers, host, source, tile, symbols)
@@ -214,7 +214,10 @@ def compile_program(
     multiply = None
     if precision == "bf16" and has_bf16_rows(target):  # measured once per machine
         t0 = time.perf_counter()
-        multiply = Calibration(target, opts).get("bf16_widened", ())
+        multiply = Calibration(target, opts).get("bf16_multiply", ())
+        if multiply.value not in BF16_MULTIPLY:
+            ways = ", ".join(f"{k} ({v})" for k, v in BF16_MULTIPLY.items())
+            raise ValueError(f"threshold bf16_multiply={multiply.value} is not a way to multiply; use one of {ways}")
         t["bf16 row kernel's multiply"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     gen = generate(graph, store, target, precision, multiply)

@@ -45,7 +45,7 @@ class HostCode:
     thresholds: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     step_thresholds: dict[str, str] = field(default_factory=dict)  # step -> the threshold it reads
     precision: str = "fp32"  # bf16: float32 buffers and constants are stored in bfloat16
-    bf16_multiply: Threshold | None = None  # how the bf16 row kernel multiplies (value 1: widened)
+    bf16_multiply: Threshold | None = None  # how the bf16 row kernel multiplies (gemm.BF16_MULTIPLY)
 
 
 class _Host:

@@ -11,9 +11,9 @@ kernels:
   or both in bfloat16 for `precision="bf16"`), with weights
   rotated through more memory than the L3 cache when the model's weights do not fit it
   (they stream from memory when a model runs) and kept hot when they do;
-- how the bf16 row kernel multiplies (`bf16_widened`): `vdpbf16ps`, or FMA on weights widened
-  to float32 (some CPUs run `vdpbf16ps` at half their FMA rate), timed on a 768x768 layer
-  over 48 rows, once per machine;
+- how the bf16 row kernel multiplies (`bf16_multiply`): `vdpbf16ps`, FMA on weights widened
+  to float32 (some CPUs run `vdpbf16ps` at half their FMA rate) or, where the CPU has them,
+  AMX tiles; each timed on a 768x768 layer over 48 rows, once per machine, the fastest kept;
 - attention with head size D: a canonical attention (12 heads, scale, padding mask, safe
   softmax; and a plain softmax with an additive bias for the row kernels torch's fused
   attention cannot express) compiled once per target (and once more in bfloat16 for
@@ -60,9 +60,10 @@ class Threshold:
     source: str  # where the value came from, for explain
 
     def describe(self) -> str:
-        if self.kind == "bf16_widened":
-            how = "FMA on weights widened to float32" if self.value else "vdpbf16ps"
-            what = f"symfuse's bf16 row kernel multiplies by {how}"
+        if self.kind == "bf16_multiply":
+            from symfuse.codegen.cpu.gemm import BF16_MULTIPLY
+
+            what = f"symfuse's bf16 row kernel multiplies by {BF16_MULTIPLY.get(self.value, '?')}"
         elif self.kind.startswith("linear_rows"):
             k, n = self.shape
             bf16 = " bf16" if self.kind == "linear_rows_bf16" else ""
@@ -91,12 +92,12 @@ class Calibration:
         change to symfuse's kernels (a new tile, say) measures again."""
         if not self._path:
             from symfuse.codegen.compile import generate
-            from symfuse.codegen.cpu.gemm import gemm_source, has_bf16_rows, tile_for
+            from symfuse.codegen.cpu.gemm import bf16_multiplies, gemm_source, has_bf16_rows, tile_for
 
             source = generate(*canonical_attention(), self.target).source
             if has_bf16_rows(self.target):
                 source += generate(*canonical_attention(), self.target, "bf16").source
-                source += "".join(gemm_source(tile_for(self.target), True, widened) for widened in (False, True))
+                source += "".join(gemm_source(tile_for(self.target), True, m) for m in bf16_multiplies(self.target))
             kernels = hashlib.sha256(source.encode()).hexdigest()[:8]
             limits = "".join("-" + re.sub(r"[^a-z0-9_]", "", v.lower()) for _, v in self.opts.library_limits)
             name = f"thresholds-{self.target.key}-{self.target.machine}-{kernels}{limits}.json"
@@ -144,17 +145,25 @@ class Calibration:
         os.replace(tmp, self.path)
 
     # -- measuring -----------------------------------------------------------------------
-    def widened(self) -> bool:
-        """Whether the bf16 row kernel multiplies by FMA on widened weights (not vdpbf16ps)."""
-        return bool(self.get("bf16_widened", ()).value)
+    def multiply(self) -> int:
+        """How the bf16 row kernel multiplies (`gemm.BF16_MULTIPLY`)."""
+        return self.get("bf16_multiply", ()).value
 
     def _measure(self, kind: str, shape: tuple[int, ...], streamed: bool) -> tuple[int, dict]:
-        if kind == "bf16_widened":  # 48 rows of a 768x768 layer, weights hot: the multiply's rate
-            setup_dot, dot, _ = self._linear(768, 768, False, bf16=True, widened=False)
-            setup_wide, wide, _ = self._linear(768, 768, False, bf16=True, widened=True)
-            setup_dot(48), setup_wide(48)
-            a, b = _ratio(wide, dot)
-            return int(a <= b), {"48": [round(a * 1e3, 4), round(b * 1e3, 4)]}
+        if kind == "bf16_multiply":  # 48 rows of a 768x768 layer, weights hot: the multiply's rate
+            from symfuse.codegen.cpu.gemm import bf16_multiplies
+
+            best, timings = 0, {}
+            setup_best, run_best, _ = self._linear(768, 768, False, bf16=True, multiply=0)
+            setup_best(48)
+            for way in bf16_multiplies(self.target)[1:]:  # each against the fastest so far
+                setup, run, _ = self._linear(768, 768, False, bf16=True, multiply=way)
+                setup(48)
+                a, b = _ratio(run, run_best)
+                timings[f"48 rows: {way} vs {best}"] = [round(a * 1e3, 4), round(b * 1e3, 4)]
+                if a < b:
+                    best, run_best = way, run
+            return best, timings
         if kind.startswith("linear_rows"):
             # in a model, the layers between two uses of a weight take the caches: so here, on
             # every core, a pass over twice its L2 before each timed call (back to back, the
@@ -178,11 +187,11 @@ class Calibration:
             self._kernels[precision] = compile_program(graph, store, forced, target=self.target, force_precision=True)
         return self._kernels[precision]
 
-    def _linear(self, k: int, n: int, streamed: bool, bf16: bool = False, widened: bool | None = None):
+    def _linear(self, k: int, n: int, streamed: bool, bf16: bool = False, multiply: int | None = None):
         from symfuse.codegen.cpu.gemm import pack_panels, tile_for
 
         if bf16:
-            rows_fn = row_kernel(self.target, self.opts, True, self.widened() if widened is None else widened)
+            rows_fn = row_kernel(self.target, self.opts, True, self.multiply() if multiply is None else multiply)
         else:
             rows_fn = self.kernels().program.kernels.sf_linear_rows
         dtype = torch.bfloat16 if bf16 else torch.float32
@@ -242,9 +251,9 @@ class Calibration:
         return setup, version(1 << 30), version(0)
 
 
-def row_kernel(target: Target, opts: Options, bf16: bool = False, widened: bool = False):
+def row_kernel(target: Target, opts: Options, bf16: bool = False, multiply: int = 0):
     """symfuse's row GEMM built for `target` alone (`sf_linear_rows`, or with `bf16`
-    `sf_linear_rows_bf16` multiplying as `widened` says), typed for ctypes."""
+    `sf_linear_rows_bf16` multiplying as `gemm.BF16_MULTIPLY[multiply]` says), typed for ctypes."""
     import ctypes
 
     from symfuse.codegen.cpu.build import build
@@ -252,7 +261,7 @@ def row_kernel(target: Target, opts: Options, bf16: bool = False, widened: bool 
     from symfuse.codegen.cpu.gemm import gemm_source, tile_for
     from symfuse.runtime.program import linear_rows
 
-    path, _, _ = build(preamble(target) + gemm_source(tile_for(target), bf16, widened), target, opts)
+    path, _, _ = build(preamble(target) + gemm_source(tile_for(target), bf16, multiply), target, opts)
     return linear_rows(ctypes.CDLL(path), "sf_linear_rows_bf16" if bf16 else "sf_linear_rows")
 
 

@@ -57,14 +57,16 @@ def tile_for(target: Target) -> Tile:
 
 def pack_panels(w: torch.Tensor, panel: int, bf16: bool = False) -> torch.Tensor:
     """Weight [N, K] as panels [ceil(N/panel), K, panel], zero-padded: one panel is contiguous.
-    `bf16`: bfloat16 panels [ceil(N/panel), ceil(K/2), panel, 2], the pair (k, k+1) of each
-    column side by side, as `vdpbf16ps` multiplies them (K padded to even with zeros)."""
+    `bf16`: bfloat16 panels [ceil(N/panel), K'/2, panel, 2], the pair (k, k+1) of each column
+    side by side, as `vdpbf16ps` and AMX's `tdpbf16ps` multiply them (K' is K padded with zeros
+    to a multiple of 32, an AMX tile's steps)."""
     n, k = w.shape
     panels = (n + panel - 1) // panel
     if bf16:
-        padded = torch.zeros(panels * panel, k + k % 2, dtype=torch.bfloat16)
+        kp = (k + 31) // 32 * 32
+        padded = torch.zeros(panels * panel, kp, dtype=torch.bfloat16)
         padded[:n, :k] = w
-        return padded.view(panels, panel, (k + 1) // 2, 2).transpose(1, 2).contiguous()
+        return padded.view(panels, panel, kp // 2, 2).transpose(1, 2).contiguous()
     padded = torch.zeros(panels * panel, k, dtype=w.dtype)
     padded[:n] = w
     return padded.view(panels, panel, k).transpose(1, 2).contiguous()
@@ -75,6 +77,16 @@ def has_bf16_rows(target: Target) -> bool:
     return "avx512_bf16" in target.extensions
 
 
+# how the bf16 row kernel multiplies (the value of calibration kind "bf16_multiply")
+BF16_MULTIPLY = {0: "vdpbf16ps", 1: "FMA on weights widened to float32", 2: "AMX tiles (tdpbf16ps)"}
+
+
+def bf16_multiplies(target: Target) -> tuple[int, ...]:
+    """The ways of `BF16_MULTIPLY` the bf16 row kernel can use on `target` (AMX where the CPU
+    has it; the kernel falls back to vdpbf16ps if the OS will not grant the tiles)."""
+    return (0, 1, 2) if "amx_bf16" in target.extensions else (0, 1)
+
+
 def activation_code(postop: tuple[str, str] | None) -> int:
     if postop is None:
         return 0
@@ -82,14 +94,14 @@ def activation_code(postop: tuple[str, str] | None) -> int:
     return ACTIVATIONS["gelu_tanh" if attr == "gelu" and algo == "tanh" else attr]
 
 
-def gemm_source(tile: Tile, bf16: bool = False, widened: bool = False) -> str:
+def gemm_source(tile: Tile, bf16: bool = False, multiply: int = 0) -> str:
     """The micro-kernel `sf_tile<MR>` and `sf_linear_rows`, for `tile`; with `bf16` also
-    `sf_tile_bf16<MR>` and `sf_linear_rows_bf16` (AVX512-BF16 targets only), multiplying by
-    `vdpbf16ps`, or `widened`: by FMA on weights widened to float32."""
+    `sf_tile_bf16<MR>` and `sf_linear_rows_bf16` (AVX512-BF16 targets only), multiplying as
+    `BF16_MULTIPLY[multiply]` says."""
     out = _SOURCE
     if bf16:
         table = ", ".join(f"sf_tile_bf16<{m}>" for m in range(1, tile.rows + 1))
-        out += _BF16_SOURCE.replace("@TABLE_BF16@", table).replace("@WIDENED@", str(int(widened)))
+        out += _BF16_SOURCE.replace("@TABLE_BF16@", table).replace("@MULTIPLY@", str(multiply))
     table = ", ".join(f"sf_tile<{m}>" for m in range(1, tile.rows + 1))
     out = out.replace("@MR@", str(tile.rows)).replace("@NV@", str(tile.vectors)).replace("@TABLE@", table)
     return out.replace("@KC@", str(tile.chunk))
@@ -191,16 +203,37 @@ extern "C" void sf_linear_rows(const float* A, int64_t lda, const float* Wp, con
 """
 
 _BF16_SOURCE = r"""
-// ---- the bf16 micro-kernel: C[MR, nn] = act(A[MR, K] W + bias), W, bias and C bfloat16, products
-// accumulated in float32; W one panel [K / 2][SF_PANEL][2], the pair (k, k+1) of each column side
-// by side (K padded to even with zeros). Two ways to multiply, the faster measured per machine
-// (calibrate.py, "bf16_widened"): vdpbf16ps, a pair of k steps per instruction on bf16 A; or
-// FMA on W widened to float32 in registers (exact: a bf16 is a float's high half) and A widened
-// once per call, for CPUs whose vdpbf16ps runs at half their FMA rate
+// ---- the bf16 row kernel: C[M, N] = act(A[M, K] W^T + bias), A, W, bias and C bfloat16, products
+// accumulated in float32; W as panels [SF_PAIRS(K)][SF_PANEL][2], the pair (k, k+1) of each column
+// side by side, K padded with zeros to whole AMX steps (32). Three ways to multiply, the fastest
+// measured per machine (calibrate.py, "bf16_multiply"):
+//   0: vdpbf16ps, a pair of k steps per instruction on bf16 A;
+//   1: FMA on W widened to float32 in registers (exact: a bf16 is a float's high half) and A
+//      widened once per call, for CPUs whose vdpbf16ps runs at half their FMA rate;
+//   2: AMX tiles (tdpbf16ps): a block of 16 rows times the panel's four 16-column blocks, 32 k
+//      steps an instruction, accumulated in four 16x16 float tiles.
 #include <immintrin.h>
 static_assert(SF_LANES == 16, "the bf16 row kernel is AVX-512");
-#define SF_BF16_WIDENED @WIDENED@
-#if SF_BF16_WIDENED
+#define SF_BF16_MULTIPLY @MULTIPLY@
+#define SF_PAIRS(K) (((K) + 31) / 32 * 16)  // pairs of k steps in a packed panel: whole AMX steps
+
+// the epilogue of a tile of mr rows held in float (`out`, rows of SF_PANEL): bias and activation,
+// then rounded to bf16 once
+static inline void sf_bf16_epilogue(float (*out)[SF_PANEL], int64_t mr, sf_bf16* __restrict__ C, int64_t ldc,
+                                    const sf_bf16* __restrict__ bias, int64_t n0, int64_t nn, int64_t act) {
+  float b[SF_PANEL] = {};
+  for (int64_t j = 0; j < nn && bias; ++j) b[j] = sf_from_bf16(bias[n0 + j]);
+  for (int64_t m = 0; m < mr; ++m) {
+#pragma omp simd
+    for (int64_t j = 0; j < SF_PANEL; ++j) out[m][j] += b[j];
+    if (act) sf_activate(out[m], nn, act);
+    sf_bf16* __restrict__ c = C + m * ldc + n0;
+#pragma omp simd
+    for (int64_t j = 0; j < nn; ++j) c[j] = sf_to_bf16(out[m][j]);
+  }
+}
+
+#if SF_BF16_MULTIPLY == 1
 typedef float sf_bf16_a;  // A as the tile reads it
 #else
 typedef sf_bf16 sf_bf16_a;
@@ -217,7 +250,7 @@ static inline void sf_tile_bf16(const sf_bf16_a* __restrict__ A, int64_t lda, co
     for (int j = 0; j < SF_NV; ++j) acc[m][j] = _mm512_setzero_ps();
   const int64_t pairs = (K + 1) / 2;
   int64_t pf_due = 0, pf_next = 0;  // a share of the next panel, fetched while this one computes
-#if SF_BF16_WIDENED
+#if SF_BF16_MULTIPLY == 1
   const __m512i high = _mm512_set1_epi32(int32_t(0xffff0000u));
   for (int64_t k2 = 0; k2 < pairs; ++k2) {
     for (pf_due += pf_lines; pf_due >= pairs; pf_due -= pairs)
@@ -259,34 +292,102 @@ static inline void sf_tile_bf16(const sf_bf16_a* __restrict__ A, int64_t lda, co
 #endif
   float out[MR][SF_PANEL];  // the tile in float: bias and activation, then rounded once
 #pragma GCC unroll 4
-  for (int j = 0; j < SF_NV; ++j) {
-    float b[SF_LANES] = {};
-    const int64_t c = SF_LANES * j;
-    for (int64_t l = 0; l < SF_LANES && bias && c + l < nn; ++l) b[l] = sf_from_bf16(bias[n0 + c + l]);
+  for (int j = 0; j < SF_NV; ++j)
 #pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out[m] + SF_LANES * j, _mm512_add_ps(acc[m][j], _mm512_loadu_ps(b)));
-  }
-  for (int m = 0; m < MR; ++m) {
-    if (act) sf_activate(out[m], nn, act);
-    sf_bf16* __restrict__ c = C + m * ldc + n0;
-#pragma omp simd
-    for (int64_t j = 0; j < nn; ++j) c[j] = sf_to_bf16(out[m][j]);
-  }
+    for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out[m] + SF_LANES * j, acc[m][j]);
+  sf_bf16_epilogue(out, MR, C, ldc, bias, n0, nn, act);
 }
 typedef void (*sf_tile_bf16_fn)(const sf_bf16_a*, int64_t, const sf_bf16*, sf_bf16*, int64_t, const sf_bf16*,
                                 int64_t, int64_t, int64_t, int64_t, const sf_bf16*, int64_t);
 static const sf_tile_bf16_fn sf_tiles_bf16[SF_MR] = {@TABLE_BF16@};
 
+#if SF_BF16_MULTIPLY == 2
+#include <sys/syscall.h>
+#include <unistd.h>
+// Linux hands out AMX's tile registers per process, on request (ARCH_REQ_XCOMP_PERM, XTILEDATA);
+// refused (an older kernel, another machine), the row kernel multiplies by vdpbf16ps instead
+static bool sf_amx_granted() {
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return granted;
+}
+// tiles 0-3: C's four 16x16 float blocks of a panel; 4: 16 rows x 32 k of A; 5-7: 16 pairs x
+// 16 columns of W (the fourth block reuses tile 5)
+struct sf_tile_config {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+// rows [m0, m0 + 16) of C over one panel (columns n0..n0 + nn): A's block `a` (16 rows, stride
+// lda, K padded to whole steps of 32 with zeros), W's panel `w`
+__attribute__((target("amx-tile,amx-bf16"))) static inline void sf_amx_block(
+    const sf_bf16* a, int64_t lda, const sf_bf16* w, int64_t K, float (*out)[SF_PANEL]) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const int64_t ldw = SF_PANEL * 2 * sizeof(sf_bf16);  // bytes from one pair of k steps to the next
+  for (int64_t k = 0; k < K; k += 32) {
+    const sf_bf16* wk = w + k * SF_PANEL;  // pair k / 2
+    _tile_loadd(4, a + k, lda * sizeof(sf_bf16));
+    _tile_loadd(5, wk, ldw);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_loadd(6, wk + 32, ldw);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_loadd(7, wk + 64, ldw);
+    _tile_dpbf16ps(2, 4, 7);
+    _tile_loadd(5, wk + 96, ldw);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  _tile_stored(0, out[0], SF_PANEL * sizeof(float));
+  _tile_stored(1, out[0] + 16, SF_PANEL * sizeof(float));
+  _tile_stored(2, out[0] + 32, SF_PANEL * sizeof(float));
+  _tile_stored(3, out[0] + 48, SF_PANEL * sizeof(float));
+}
+
+__attribute__((target("amx-tile,amx-bf16"))) static void sf_linear_rows_amx(
+    const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias, sf_bf16* C, int64_t ldc, int64_t M,
+    int64_t N, int64_t K, int64_t act) {
+  const int64_t panels = (N + SF_PANEL - 1) / SF_PANEL, blocks = (M + 15) / 16;
+  const int64_t kp = SF_PAIRS(K) * 2, step = kp * SF_PANEL;  // K padded; bf16 elements in one panel
+  // a block of A is read in place when it is whole (16 rows, K a multiple of 32); the others
+  // from a copy padded with zeros (rows past M are never stored; k past K meets W's zero pairs)
+  const int64_t copied = K % 32 ? blocks : M % 16 ? 1 : 0, first_copied = blocks - copied;
+  std::unique_ptr<sf_bf16[]> padded(copied ? new sf_bf16[copied * 16 * kp]() : nullptr);
+  for (int64_t m = first_copied * 16; m < M; ++m)
+    std::memcpy(padded.get() + (m - first_copied * 16) * kp, A + m * lda, K * sizeof(sf_bf16));
+#pragma omp parallel if (panels > 1)
+  {
+    static const sf_tile_config config;
+    _tile_loadconfig(&config);
+    alignas(64) float out[16][SF_PANEL];
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < panels; ++p) {
+      const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
+      for (int64_t rb = 0; rb < blocks; ++rb) {
+        const bool own = rb >= first_copied;
+        const sf_bf16* a = own ? padded.get() + (rb - first_copied) * 16 * kp : A + rb * 16 * lda;
+        sf_amx_block(a, own ? kp : lda, Wp + p * step, K, out);
+        sf_bf16_epilogue(out, std::min<int64_t>(16, M - rb * 16), C + rb * 16 * ldc, ldc, bias, n0, nn, act);
+      }
+    }
+    _tile_release();
+  }
+}
+#endif
+
 // C[M, N] = act(A[M, K] W^T + bias) for few rows, in bf16; W packed by pack_panels(bf16=True)
 extern "C" void sf_linear_rows_bf16(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias, sf_bf16* C,
                                     int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act) {
+#if SF_BF16_MULTIPLY == 2
+  if (sf_amx_granted()) return sf_linear_rows_amx(A, lda, Wp, bias, C, ldc, M, N, K, act);
+#endif
   const int64_t panels = (N + SF_PANEL - 1) / SF_PANEL, blocks = (M + SF_MR - 1) / SF_MR;
-  const int64_t step = (K + 1) / 2 * 2 * SF_PANEL;  // bf16 elements in one panel
-  const int64_t lines = step / 32;  // 64-byte lines in one panel
+  const int64_t step = SF_PAIRS(K) * 2 * SF_PANEL;  // bf16 elements in one panel
+  const int64_t lines = (K + 1) / 2 * 2 * SF_PANEL / 32;  // 64-byte lines the kernel reads of a panel
   const int64_t share = (lines + blocks - 1) / blocks;
 #pragma omp parallel if (panels > 1)
   {
-#if SF_BF16_WIDENED
+#if SF_BF16_MULTIPLY == 1
     // A widened to float32 by each thread for itself (cheap next to the products; shared, its
     // rows would cross between cores), its K padded to even with a zero
     const int64_t lda_a = K + K % 2;

@@ -151,6 +151,10 @@ _FEATURES_SOURCE = r"""
 #include <cstdio>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 static unsigned long long xgetbv0() {
   unsigned lo, hi;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
@@ -163,11 +167,17 @@ int main() {
   const unsigned long long xcr0 = osxsave ? xgetbv0() : 0;
   std::printf("fma=%u avx=%u f16c=%u movbe=%u\n", c >> 12 & 1, c >> 28 & 1, c >> 29 & 1, c >> 22 & 1);
   std::printf("os_avx=%d os_avx512=%d\n", (xcr0 & 6) == 6, (xcr0 & 0xe6) == 0xe6);
+  // AMX's tile registers: saved by the OS (XCR0 bits 17, 18) and, on Linux, handed to a process
+  // that asks (ARCH_REQ_XCOMP_PERM for XTILEDATA), as the kernels will
+  unsigned os_amx = (xcr0 >> 17 & 3) == 3;
+#ifdef __linux__
+  os_amx = os_amx && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#endif
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
     std::printf("bmi1=%u avx2=%u bmi2=%u avx512f=%u avx512dq=%u avx512cd=%u avx512bw=%u avx512vl=%u\n",
                 b >> 3 & 1, b >> 5 & 1, b >> 8 & 1, b >> 16 & 1, b >> 17 & 1, b >> 28 & 1, b >> 30 & 1, b >> 31 & 1);
-    std::printf("avx512_vnni=%u amx_bf16=%u amx_tile=%u amx_int8=%u\n", c >> 11 & 1, d >> 22 & 1, d >> 24 & 1,
-                d >> 25 & 1);
+    std::printf("avx512_vnni=%u amx_bf16=%u amx_tile=%u amx_int8=%u\n", c >> 11 & 1, d >> 22 & os_amx,
+                d >> 24 & os_amx, d >> 25 & os_amx);
   }
   if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) std::printf("avx512_bf16=%u\n", a >> 5 & 1);
   if (__get_cpuid(0x80000001, &a, &b, &c, &d)) std::printf("lzcnt=%u\n", c >> 5 & 1);
@@ -405,7 +415,9 @@ def detect(cxx: str = "g++", isa: str = "", cache_dir: str = "") -> Target:
         raise ValueError(f"SYMFUSE_ISA={isa!r} is not an ISA symfuse knows; choose one of {', '.join(ISAS)}")
     version = compiler_version(cxx)
     arch = machine_arch()
-    ident = hashlib.sha256("\0".join([_cpu_identity(), arch, cxx, version, isa]).encode()).hexdigest()[:20]
+    # the probe's own text too: a changed probe (one more feature read) probes again
+    probe = _FEATURES_SOURCE + _CHECK_SOURCE
+    ident = hashlib.sha256("\0".join([_cpu_identity(), arch, cxx, version, isa, probe]).encode()).hexdigest()[:20]
     path = os.path.join(cache_dir, f"target-{ident}.json") if cache_dir else ""
     if path and os.path.exists(path):
         try:
