@@ -16,6 +16,7 @@ from symfuse.options import Options
 from symfuse.passes import PIPELINE
 from symfuse.reference import ReferenceExecutor
 from symfuse.runtime.guard import GuardSpec, make_guard
+from symfuse.runtime.outputs import OutputBuilder
 from symfuse.shape.guards import guard_spec
 
 log = logging.getLogger("symfuse")
@@ -43,6 +44,7 @@ class CompiledModule:
         self.guard = make_guard(self.guard_spec)
         self._reference = ReferenceExecutor(captured.graph)
         self._tensor_names = [v.name for v in captured.declared]
+        self._outputs = OutputBuilder(captured.out_spec)  # the model's output structure
         self.native = native
         if native is not None:  # loaded from an artifact
             self.backend = CPU_BACKEND
@@ -97,7 +99,7 @@ class CompiledModule:
         binding = self.guard(tensors)
         with torch.no_grad():
             outs = self._run(tensors, binding) if self.native else self._run(binding, tensors)
-        return pytree.tree_unflatten(outs, self.captured.out_spec)
+        return self._outputs(outs)
 
     def profile(self, on_node, *args, **kwargs):
         """Run once on the reference executor, calling `on_node(node, inputs, outputs, seconds)`
@@ -106,7 +108,7 @@ class CompiledModule:
         binding = self.guard(tensors)
         with torch.no_grad():
             outs = self._reference.run(binding, tensors, on_node=on_node)
-        return pytree.tree_unflatten(outs, self.captured.out_spec)
+        return self._outputs(outs)
 
     def explain(self, *, with_graph: bool = True, with_te: bool = False) -> str:
         return _explain(
