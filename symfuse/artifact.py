@@ -45,11 +45,11 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from symfuse.codegen.cpu.build import file_sha256
+from symfuse.codegen.cpu.build import file_sha256, kernel_caller
 
 log = logging.getLogger("symfuse")
 
-FORMAT = 2  # bump when the layout or the host-kernel contract changes (2: per-call error slot)
+FORMAT = 3  # bump when the layout or the host-kernel contract changes (2: per-call error slot; 3: symbols by address)
 FILES = ("module.pkl", "weights.safetensors", "packed.safetensors", "kernels.cpp", "kernels.so")
 
 
@@ -447,6 +447,7 @@ def load(path: str, **options):
         state["gathers"],
         thresholds,
         step,
+        kernel_caller(saved, opts),
     )
     seconds["link (load the library, host code)"] = time.perf_counter() - t0
     native = Backend(program, saved, thresholds, host, state["gathers"], tile, True, seconds, None, regenerate, path)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from symfuse.codegen.cpu.attention import emit_attention
-from symfuse.codegen.cpu.build import build
+from symfuse.codegen.cpu.build import build, kernel_caller
 from symfuse.codegen.cpu.c import CodegenError, preamble
 from symfuse.codegen.cpu.calibrate import Calibration, Threshold
 from symfuse.codegen.cpu.gemm import BF16_MULTIPLY, Tile, gemm_source, has_bf16_rows, pack_panels, tile_for
@@ -236,7 +236,8 @@ def compile_program(
     linear_bytes = sum(p.numel() * p.element_size() for p in panels.values())
     thresholds = switch_points(host.thresholds, target, opts, linear_bytes)
     t["switch points"] = time.perf_counter() - t0
-    program = link(host, library, len(store.symbols), consts, panels, gen.gathers, thresholds, gen.step)
+    caller = kernel_caller(target, opts)
+    program = link(host, library, len(store.symbols), consts, panels, gen.gathers, thresholds, gen.step, caller)
     if opts.dump_dir:
         dump_stages(opts.dump_dir, graph, gen.te, gen.plan, ("4_kernels.cpp", gen.source), host.source)
     return Backend(program, target, thresholds, host, gen.gathers, gen.tile, cached, t, gen, precision_note=note)
@@ -251,6 +252,7 @@ def link(
     gathers: list[str],
     thresholds: dict[str, Threshold],
     step: Callable[[str], NativeStep],
+    caller: Callable | None = None,
 ) -> Program:
     """Put a built library, its host code and the tensors it reads together: constants by value
     name, the row kernel's packed panels; oneDNN's copies are made at first use."""
@@ -263,7 +265,7 @@ def link(
 
     functions = opaque_functions(host.recipes, step)
     values = {name: th.value for name, th in thresholds.items()}
-    return Program(host.source, library, host.kernels, n_symbols, tensors, functions, describe, values)
+    return Program(host.source, library, host.kernels, n_symbols, tensors, functions, describe, values, caller)
 
 
 def switch_points(wanted: dict[str, tuple[str, tuple[int, ...]]], target: Target, opts: Options, linear_bytes: int):

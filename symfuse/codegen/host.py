@@ -49,6 +49,8 @@ class HostCode:
 
 
 class _Host:
+    native_symbols = True  # kernels read the symbols through `sym_p`, the address of `sym`
+
     def __init__(
         self, sched: Schedule, kernels: dict[str, KernelSource], symbols: list[str], bf16_rows: bool = False
     ) -> None:
@@ -145,7 +147,7 @@ class _Host:
         out = [self.alloc(n) for n in src.args[: src.n_outputs]]
         rows = self.py(sympy.Mul(*st.rows)) if st.rows else "1"
         ptrs = ", ".join(self.ptr(n) for n in src.args)
-        out.append(f"k.{fn}({ptrs}, sym, 0, {rows})")
+        out.append(f"k.{fn}({ptrs}, sym_p, 0, {rows})")
         return out
 
     def gemm(self, st: GemmStep) -> list[str]:
@@ -295,6 +297,8 @@ class _Host:
         out += [f"    s_{n} = b[{n!r}]" for n in self.symbols]
         # the symbols, then this call's error slot (bad index, extent, site; see sf_index)
         out.append(f"    sym = Sym({', '.join([f's_{n}' for n in self.symbols] + ['-1', '0', '-1'])})")
+        if self.native_symbols:
+            out.append("    sym_p = addressof(sym)  # what the kernels read the symbols and error slot through")
         mem = self.memory
         if mem.slot_sizes:  # slot offsets in the workspace for this binding
             out.append("    z0 = 0")

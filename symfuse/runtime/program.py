@@ -72,14 +72,16 @@ class Program(HostProgram):
         functions: dict[str, object],
         describe: Callable[[int], str],
         thresholds: dict[str, int] | None = None,
+        caller: Callable | None = None,
     ) -> None:
+        """`caller`: `runtime.call`'s Kernel type, which the host code calls kernels through
+        (else ctypes)."""
         self.source = source
         self.library = library
         lib = ctypes.CDLL(library)
         self._lib = lib
         self.thresholds = dict(thresholds or {})  # version switch points the host code reads at each call
         sym_t = ctypes.c_int64 * (n_symbols + 3)  # the symbols, then the call's error slot
-        ptr = ctypes.POINTER(ctypes.c_int64)
 
         class Kernels:
             pass
@@ -87,12 +89,16 @@ class Program(HostProgram):
         ks = Kernels()
         for name in sorted(kernels):
             f = getattr(lib, name)
-            f.argtypes = [ctypes.c_void_p] * kernels[name] + [ptr, ctypes.c_int64, ctypes.c_int64]
+            f.argtypes = [ctypes.c_void_p] * (kernels[name] + 1) + [ctypes.c_int64, ctypes.c_int64]
             f.restype = None
             setattr(ks, name, f)
         for name in ("sf_linear_rows", "sf_linear_rows_bf16"):
             if hasattr(lib, name):
                 setattr(ks, name, linear_rows(lib, name))
+        if caller is not None:  # the same functions, called with less overhead (all take integers)
+            for name, f in list(vars(ks).items()):
+                setattr(ks, name, caller(ctypes.cast(f, ctypes.c_void_p).value, len(f.argtypes)))
+        self.fast_calls = caller is not None
 
         def check(sym) -> None:
             """Raise the first out-of-range gather index this call's kernels saw."""
@@ -105,6 +111,7 @@ class Program(HostProgram):
         ns = {
             "workspace": self.workspaces.get,
             "Sym": sym_t,
+            "addressof": ctypes.addressof,
             "k": ks,
             "check": check,
             "empty_strided": torch.empty_strided,

@@ -121,10 +121,10 @@ def _check_sanitizer_runtime() -> None:
         )
 
 
-def build(source: str, target: Target, opts: Options) -> tuple[str, bool, float]:
-    """Path of the library built from `source` for `target`, whether it came from the cache,
-    seconds spent."""
-    flags = list(target.all_flags)
+def build(source: str, target: Target, opts: Options, extra: tuple[str, ...] = ()) -> tuple[str, bool, float]:
+    """Path of the library built from `source` for `target` (with `extra` flags), whether it
+    came from the cache, seconds spent."""
+    flags = list(target.all_flags) + list(extra)
     if opts.sanitize:
         flags += SANITIZE_FLAGS
         _check_sanitizer_runtime()
@@ -180,3 +180,23 @@ def cache_folder(path: str) -> str:
     if not os.access(path, os.W_OK | os.X_OK):
         return _fallback(path, "is not writable")
     return path
+
+
+@functools.cache
+def kernel_caller(target: Target, opts: Options):
+    """The fast kernel-calling type of `symfuse.runtime.call` for this Python, built once into
+    the kernel cache; None (the host calls through ctypes) where it cannot be built or loaded."""
+    import sysconfig
+
+    from symfuse.runtime.call import SOURCE, load_caller, python_include
+
+    include = python_include()
+    if not include or opts.sanitize:
+        return None
+    source = f"// for {sysconfig.get_config_var('EXT_SUFFIX')}\n" + SOURCE
+    try:
+        path, _, _ = build(source, target, opts, ("-I" + include,))
+        return load_caller(path)
+    except (BuildError, ImportError, OSError) as e:
+        log.info("symfuse: calling kernels through ctypes (the kernel caller did not build: %s)", str(e)[:200])
+        return None

@@ -43,6 +43,8 @@ from symfuse.te.lower import TEProgram, lower
 class _GpuHost(_Host):
     """Host code for the GPU: Triton launches, torch's GEMMs, the same memory plan."""
 
+    native_symbols = False  # Triton kernels take `sym` itself (a device tensor)
+
     def native(self, st: NativeStep) -> list[str]:
         src = self.kernels.get(st.name)
         if src is None:
