@@ -65,3 +65,23 @@ def test_compiled_programs_call_through_it(opts):
             assert torch.allclose(c(x, idx), net(x, idx), rtol=1e-4, atol=1e-6)
     with pytest.raises(IndexError, match="index 40 is out of range"):  # the error slot, read through its address
         c(x, torch.tensor([40]))
+
+
+def test_kernels_with_more_arguments_than_the_caller_takes_use_ctypes(opts):
+    class Wide(torch.nn.Module):  # one kernel reading x and 30 weights: 34 arguments
+        def __init__(self):
+            super().__init__()
+            self.ws = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(2)) for _ in range(30))
+
+        def forward(self, x):
+            return torch.cat([x * w for w in self.ws], dim=-1).relu()
+
+    torch.manual_seed(0)
+    net = Wide().eval()
+    c = symfuse.compile(net, (torch.randn(3, 2),), {"x": {0: "B"}}, cache_dir=opts.cache_dir)
+    ks = vars(c.native.program.kernels)
+    assert c.native.program.fast_calls and any(isinstance(k, ctypes._CFuncPtr) for k in ks.values())
+    for b in (1, 7):
+        x = torch.randn(b, 2)
+        with torch.no_grad():
+            assert torch.allclose(c(x), net(x))

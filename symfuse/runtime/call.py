@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
-import logging
+import os
 import sysconfig
 
-log = logging.getLogger("symfuse")
-
-MAX_ARGS = 24
+MAX_ARGS = 24  # kernels with more arguments are called through ctypes
 
 _ARITIES = "\n".join(  # case n: the function as one of n int64_t parameters, called with a[0..n)
     f"    case {n}: ((void (*)({', '.join(['int64_t'] * n) or 'void'}))fn)"
@@ -107,8 +105,6 @@ PyMODINIT_FUNC PyInit_symfuse_call() {
 
 def python_include() -> str:
     """The folder of this Python's headers ("" when it has none)."""
-    import os
-
     folder = sysconfig.get_paths().get("include", "")
     return folder if folder and os.path.exists(os.path.join(folder, "Python.h")) else ""
 

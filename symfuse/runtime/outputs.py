@@ -27,25 +27,27 @@ class OutputBuilder:
     def __init__(self, spec: pytree.TreeSpec) -> None:
         self.spec = spec
         self._direct = _direct(spec)
-        self._checked = False
+        # what calls build with: decided by the first call where a direct builder exists
+        self._build: Callable[[list], Any] | None = None if self._direct else self._unflatten
         self._lock = threading.Lock()
 
     @property
     def direct(self) -> bool:
         """Whether calls build the output directly (known after the first call)."""
-        return self._direct is not None and self._checked
+        return self._build is not None and self._build is self._direct
+
+    def _unflatten(self, outs: list) -> Any:
+        return pytree.tree_unflatten(outs, self.spec)
 
     def __call__(self, outs: list) -> Any:
-        if self._direct is None:
-            return pytree.tree_unflatten(outs, self.spec)
-        if not self._checked:
-            with self._lock:
-                built = pytree.tree_unflatten(outs, self.spec)
-                if not self._checked and not _same(self._direct(outs), built):
-                    self._direct = None
-                self._checked = True
-                return built
-        return self._direct(outs)
+        build = self._build
+        if build is not None:
+            return build(outs)
+        with self._lock:
+            built = self._unflatten(outs)
+            if self._build is None:
+                self._build = self._direct if _same(self._direct(outs), built) else self._unflatten
+            return built
 
 
 def _direct(spec: pytree.TreeSpec) -> Callable[[list], Any] | None:

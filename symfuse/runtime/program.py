@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import torch
 
+from symfuse.runtime.call import MAX_ARGS
+
 
 class NativeIndexError(IndexError):
     @classmethod
@@ -97,7 +99,8 @@ class Program(HostProgram):
                 setattr(ks, name, linear_rows(lib, name))
         if caller is not None:  # the same functions, called with less overhead (all take integers)
             for name, f in list(vars(ks).items()):
-                setattr(ks, name, caller(ctypes.cast(f, ctypes.c_void_p).value, len(f.argtypes)))
+                if len(f.argtypes) <= MAX_ARGS:
+                    setattr(ks, name, caller(ctypes.cast(f, ctypes.c_void_p).value, len(f.argtypes)))
         self.fast_calls = caller is not None
 
         def check(sym) -> None:

@@ -317,8 +317,8 @@ struct sf_tile_config {
   uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
   uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
-// rows [m0, m0 + 16) of C over one panel (columns n0..n0 + nn): A's block `a` (16 rows, stride
-// lda, K padded to whole steps of 32 with zeros), W's panel `w`
+// 16 rows of A (`a`, stride lda, K padded to whole steps of 32 with zeros) times one panel `w`,
+// into `out` in float (16 rows of the panel's SF_PANEL columns)
 __attribute__((target("amx-tile,amx-bf16"))) static inline void sf_amx_block(
     const sf_bf16* a, int64_t lda, const sf_bf16* w, int64_t K, float (*out)[SF_PANEL]) {
   _tile_zero(0);
