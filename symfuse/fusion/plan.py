@@ -5,7 +5,8 @@ value of a symbolic dim. Legality (`legal`) and profitability (`profitable`) are
 and every pair that is considered and refused is logged with its reason.
 
 Policy, in order:
-1. Generators (TEs that load nothing: constants, aranges) are inlined into their readers.
+1. Generators (element-wise TEs that load nothing but generators: constants, aranges, an
+   arange plus an offset) are inlined into their readers.
 2. GEMM epilogues: a compute-intensive TE absorbs element-wise consumers of the same
    shape that read it one-to-one (bias is already in the GEMM's TE; GELU joins here),
    unless the consumer's value flows into a reduction, where it belongs (step 3).
@@ -67,6 +68,7 @@ class _Planner:
                 self.consumers.setdefault(p, []).append(c)
                 self.producers.setdefault(c, []).append(p)
         self.plan = Plan()
+        self._generators: dict[str, bool] = {}
 
     # -- groups -------------------------------------------------------------------------
     def find(self, t: str) -> str:
@@ -124,7 +126,16 @@ class _Planner:
         return isinstance(self.items.get(t), TE)
 
     def generator(self, t: str) -> bool:
-        return self.is_te(t) and not any(True for _ in loads(self.items[t].body))
+        """Does t load nothing but other generators (a constant, an arange, an arange plus a
+        constant offset), element-wise? Then it is computed where it is read."""
+        if t not in self._generators:
+            te = self.items.get(t)
+            self._generators[t] = (
+                isinstance(te, TE)
+                and not has_reduce(te.body)
+                and all(self.generator(ld.tensor) for ld, _ in loads(te.body))
+            )
+        return self._generators[t]
 
     def gemm(self, t: str) -> bool:
         return self.a.kind.get(t) == "compute-intensive"

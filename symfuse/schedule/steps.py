@@ -132,7 +132,7 @@ class _Builder:
             if g in self.prog.outputs or any(isinstance(self.items[r], Opaque) or self.gemm(r) for r in readers):
                 del self.inline[g]
                 self.temp(g)
-                self.steps.append(NativeStep(f"k_{g}", "loop", [self.items[g]], [g]))
+                self.steps.append(NativeStep(f"k_{g}", "loop", [self.items[g]], [g], self.inline))
         for k in self.fp.kernels:
             if k.kind == "opaque":
                 (m,) = k.members
