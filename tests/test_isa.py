@@ -130,7 +130,10 @@ def merged_attention_cases(isa, options, shapes, all_padding=True, force_precisi
 
 @pytest.mark.parametrize("isa", RUNNABLE)
 def test_merged_attention_at_odd_shapes(isa, cache):
-    cases = merged_attention_cases(isa, lambda limit: forced(cache, limit), ATTENTION_SHAPES + [(1, 12, 65, 20)])
+    # past one panel of keys: 65 (the last panel holds one key), 150 (three panels, the last
+    # multiplied over fewer vectors than the others)
+    shapes = ATTENTION_SHAPES + [(1, 12, 65, 20), (1, 2, 150, 24)]
+    cases = merged_attention_cases(isa, lambda limit: forced(cache, limit), shapes)
     for case, want, got in cases:
         for w, o in zip(want, got):
             assert rel_err(o, w) < 1e-4, (isa, *case)
