@@ -129,11 +129,10 @@ class _Planner:
         """Does t load nothing but other generators (a constant, an arange, an arange plus a
         constant offset), element-wise? Then it is computed where it is read."""
         if t not in self._generators:
-            te = self.items.get(t)
             self._generators[t] = (
-                isinstance(te, TE)
-                and not has_reduce(te.body)
-                and all(self.generator(ld.tensor) for ld, _ in loads(te.body))
+                self.is_te(t)
+                and not has_reduce(self.items[t].body)
+                and all(self.generator(ld.tensor) for ld, _ in loads(self.items[t].body))
             )
         return self._generators[t]
 
