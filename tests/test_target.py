@@ -1,17 +1,23 @@
 """The target: detection from a (faked) probe picks flags and tiles; overrides the CPU
 lacks, unknown ISAs and missing or broken compilers are clear errors; the kernel cache
-keys on the target; switch points are measured once per machine and cached."""
+keys on the target; switch points are measured once per machine and cached, unless other
+processes took the cores while they were measured."""
 
+import logging
 import os
 import stat
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
 import symfuse
+from symfuse.codegen.cpu import calibrate
 from symfuse.codegen.cpu import target as tg
 from symfuse.codegen.cpu.build import BuildError, build
-from symfuse.codegen.cpu.calibrate import ROWS, Calibration, _switch_point
+from symfuse.codegen.cpu.calibrate import BUSY, ROWS, Calibration, OtherProcesses, _switch_point
 from symfuse.codegen.cpu.gemm import bf16_multiplies, has_bf16_rows, tile_for
 from symfuse.options import Options, parse_thresholds
 
@@ -174,7 +180,13 @@ def test_switch_point_is_the_last_size_the_first_version_wins():
     assert value == 8 and list(timings) == ["1", "2", "4", "8", "12", "16"]
 
 
-def test_switch_points_are_measured_once_and_cached(tmp_path, monkeypatch):
+@pytest.fixture
+def quiet(monkeypatch):
+    """A machine with nothing else running: what the tests of the cache file assume."""
+    monkeypatch.setattr(OtherProcesses, "share", lambda self: 0.0)
+
+
+def test_switch_points_are_measured_once_and_cached(tmp_path, monkeypatch, quiet):
     target = tg.detect("g++")
     opts = Options(machine_dir=str(tmp_path))
     calls = []
@@ -195,7 +207,54 @@ def test_switch_points_are_measured_once_and_cached(tmp_path, monkeypatch):
     assert "symfuse's row kernel up to 5 rows, oneDNN above (set by hand" in th.describe()
 
 
-def test_switch_points_measured_on_this_machine(tmp_path):
+def test_switch_points_measured_on_a_busy_machine_are_used_but_not_kept(tmp_path, monkeypatch, caplog):
+    target = tg.detect("g++")
+    opts = Options(machine_dir=str(tmp_path))
+    calls = []
+
+    def measure(self, kind, shape, streamed):
+        calls.append(kind)
+        return 0, {"16": [5.0, 1.0]}
+
+    monkeypatch.setattr(Calibration, "_measure", measure)
+    monkeypatch.setattr(OtherProcesses, "share", lambda self: 0.63)
+    with caplog.at_level(logging.WARNING, logger="symfuse"):
+        th = Calibration(target, opts).get("attention_keys_library", (64,))
+    assert th.value == 0 and "while other processes took 63% of its cores: not kept" in th.source
+    assert "took 63% of this process's cores while the attention_keys_library 64 switch point" in caplog.text
+    assert not os.listdir(tmp_path)  # nothing written
+    # the same process does not measure it again; a quiet one measures and keeps it
+    again = Calibration(target, opts).get("attention_keys_library", (64,))
+    assert again.value == 0 and calls == ["attention_keys_library"]
+    monkeypatch.setattr(calibrate, "_UNKEPT", {})
+    monkeypatch.setattr(OtherProcesses, "share", lambda self: BUSY / 2)
+    assert "not kept" not in Calibration(target, opts).get("attention_keys_library", (64,)).source
+    assert len(calls) == 2 and len(os.listdir(tmp_path)) == 1
+
+
+def _spin(seconds: float) -> subprocess.Popen:
+    code = f"import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < {seconds}: pass"
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def test_other_processes_share_of_the_cores():
+    if OtherProcesses().start is None:
+        pytest.skip("no /proc/stat on this system: the share is unknown and every measurement is kept")
+    cores = len(os.sched_getaffinity(0))
+    watch = OtherProcesses()
+    spinners = [_spin(1.0) for _ in range(cores)]  # one busy process a core, not waited for
+    time.sleep(1.0)
+    assert watch.share() > 0.5
+    for p in spinners:
+        p.wait()
+    # children this process has waited for (g++ while measuring) are its own time
+    watch = OtherProcesses()
+    for p in [_spin(0.5) for _ in range(cores)]:
+        p.wait()
+    assert watch.share() < 0.5
+
+
+def test_switch_points_measured_on_this_machine(tmp_path, quiet):
     target = tg.detect("g++")
     cal = Calibration(target, Options(cache_dir=str(tmp_path / "k"), machine_dir=str(tmp_path / "m")))
     rows = cal.get("linear_rows", (64, 96))

@@ -22,6 +22,13 @@ kernels:
 Sizes grow until the second version has won twice in a row; the switch point is the
 largest size up to which the first version won. `Options.thresholds` (or
 `SYMFUSE_THRESHOLDS`) sets a kind by hand, and `explain` says where each value came from.
+
+A switch point measured while other processes took more than `BUSY` of the CPU time of the
+cores this process runs on (a test suite, a build, a neighbour on the host) is not kept: the
+versions do not suffer alike from sharing cores (an OpenMP kernel waits at every barrier for
+its slowest thread), so such a value can be far off (the merged attention measured 5x slower
+than on the quiet machine, and the library chosen at every length). The process that
+measured it uses it; the next process measures again.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import json
 import logging
 import os
 import re
+import resource
 import statistics
 import tempfile
 import time
@@ -50,6 +58,8 @@ KEYS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 HEADS = 12
 BY_HAND = "set by hand (thresholds / SYMFUSE_THRESHOLDS)"
 ANY_HEAD = 64  # the head size measured for attention whose head size is symbolic
+BUSY = 0.1  # other processes' share of this process's cores above which a measurement is not kept
+_UNKEPT: dict[tuple[str, str], dict] = {}  # (file, key) -> a measurement not kept, for this process
 
 
 @dataclass(frozen=True)
@@ -111,19 +121,36 @@ class Calibration:
             return Threshold(kind, shape, self.manual[kind], BY_HAND)
         key = f"{kind} {'x'.join(map(str, shape))}" + (" streamed" if streamed else "")
         entries = self._load()
-        if key not in entries:
+        e = entries.get(key) or _UNKEPT.get((self.path, key))
+        if e is None:
             log.info("symfuse: measuring the %s switch point on this machine (%s), once", key, self.target.isa)
-            t0 = time.perf_counter()
+            t0, others = time.perf_counter(), OtherProcesses()
             value, timings = self._measure(kind, shape, streamed)
-            entries[key] = {
+            e = {
                 "value": value,
                 "measured": datetime.date.today().isoformat(),
                 "seconds": round(time.perf_counter() - t0, 2),
                 "ms": timings,
             }
-            self._save(entries)
-        e = entries[key]
-        return Threshold(kind, shape, int(e["value"]), f"measured on this machine {e['measured']}, {self.target.isa}")
+            busy = others.share()
+            if busy is not None and busy > BUSY:
+                e["busy"] = round(busy, 2)
+                _UNKEPT[self.path, key] = e
+                log.warning(
+                    "symfuse: other processes took %d%% of this process's cores while the %s switch point was"
+                    " measured (it came out at %d); this process uses it, but it is not kept: the next process"
+                    " measures it again (or set it by hand with SYMFUSE_THRESHOLDS)",
+                    round(100 * busy),
+                    key,
+                    value,
+                )
+            else:
+                entries[key] = e
+                self._save(entries)
+        where = f"measured on this machine {e['measured']}, {self.target.isa}"
+        if "busy" in e:
+            where += f", while other processes took {round(100 * e['busy'])}% of its cores: not kept"
+        return Threshold(kind, shape, int(e["value"]), where)
 
     # -- the cache file ------------------------------------------------------------------
     def _load(self) -> dict:
@@ -249,6 +276,45 @@ class Calibration:
             return run
 
         return setup, version(1 << 30), version(0)
+
+
+class OtherProcesses:
+    """The CPU time other processes take on the cores this process may run on, from now: busy
+    and stolen time in `/proc/stat` less this process's own (its threads, and its children it
+    has waited for, such as g++). Where there is no `/proc/stat`, unknown (None)."""
+
+    def __init__(self) -> None:
+        self.start = self._sample()
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float, int] | None:
+        try:
+            cores = os.sched_getaffinity(0)
+            busy = 0
+            with open("/proc/stat") as f:
+                for line in f:
+                    name, *ticks = line.split()
+                    if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
+                        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, ticks[:8])
+                        busy += user + nice + system + irq + softirq + steal
+        except (OSError, AttributeError, ValueError):
+            return None
+        own = sum(
+            r.ru_utime + r.ru_stime
+            for r in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+        )
+        return busy / os.sysconf("SC_CLK_TCK"), own, time.perf_counter(), len(cores)
+
+    def share(self) -> float | None:
+        """Their CPU seconds since the start over the cores' wall seconds (0: quiet, 1: every core
+        busy with other work the whole time), less a clock tick a core (`/proc/stat` counts in
+        ticks, so a short span could otherwise look busy)."""
+        end = self._sample()
+        if self.start is None or end is None or end[2] <= self.start[2]:
+            return None
+        (busy0, own0, t0, cores), (busy1, own1, t1, _) = self.start, end
+        others = (busy1 - busy0) - (own1 - own0) - cores / os.sysconf("SC_CLK_TCK")
+        return max(0.0, others) / ((t1 - t0) * cores)
 
 
 def row_kernel(target: Target, opts: Options, bf16: bool = False, multiply: int = 0):
