@@ -57,6 +57,56 @@ def test_a_dynamic_dim_with_an_example_of_one_is_grown_to_two_for_capture(seeded
     assert symfuse.compile_count() == before + 1
 
 
+def test_inputs_given_the_same_tensor_in_the_example_stay_two_inputs(seeded):
+    # torch.export alone captures both from one placeholder: a + relu(a) whatever b is
+    m = MLP()
+    x = torch.randn(3, 5, 6)
+    c = symfuse.compile(m, (x, x), ({0: "B", 1: "S"}, {0: "B", 1: "S"}))
+    assert "inputs 'x' and 'y' shared memory in the example" in c.explain(with_graph=False)
+    for shape in [(1, 1, 6), (2, 7, 6), (4, 16, 6)]:
+        x, y = torch.randn(shape), torch.randn(shape)
+        assert rel_err(c(x, y), m(x, y)) < 1e-5
+    assert rel_err(c(x, x), m(x, x)) < 1e-5
+
+
+class VarArgs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(6, 6)
+
+    def forward(self, x, *rest, scale=1.0, **extra):
+        out = self.a(x) * scale + rest[0] - rest[1]
+        return out + extra["bias"] if "bias" in extra else out
+
+
+class KeywordsOnly(torch.nn.Module):
+    """forward(x, **extra): an input that only **kwargs takes."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = VarArgs()
+
+    def forward(self, x, **extra):
+        return self.inner(x, x, x.relu(), **extra)
+
+
+def test_inputs_that_forward_takes_by_star_args_and_kwargs(seeded):
+    spec = {0: "B", 1: "S"}
+    ex = [torch.randn(3, 5, 6) for _ in range(3)]
+    before = symfuse.compile_count()
+    va, kw = VarArgs(), KeywordsOnly()
+    star = symfuse.compile(va, tuple(ex), {"x": spec, "rest_0": spec, "rest_1": spec})
+    keywords = symfuse.compile(kw, {"x": ex[0], "bias": ex[1]}, {"x": spec, "bias": spec})
+    assert star.captured.input_names == ["x", "rest_0", "rest_1"]
+    assert keywords.captured.input_names == ["x", "bias"]
+    for shape in [(1, 1, 6), (2, 7, 6), (4, 16, 6)]:
+        xs = [torch.randn(shape) for _ in range(3)]
+        with torch.no_grad():
+            assert rel_err(star(*xs), va(*xs)) < 1e-5
+            assert rel_err(keywords(x=xs[0], bias=xs[1]), kw(x=xs[0], bias=xs[1])) < 1e-5
+    assert symfuse.compile_count() == before + 2
+
+
 def test_a_transformer_compiled_from_a_batch_of_one_runs_any_batch(seeded):
     from symfuse.models import load
 

@@ -124,24 +124,89 @@ class Converter:
         return tuple(out)
 
 
-def _flat_inputs(model, args: tuple, kwargs: dict) -> dict[str, Any]:
+def _parameters(model) -> list[inspect.Parameter]:
     try:
-        params = list(inspect.signature(model.forward).parameters.values())
+        return list(inspect.signature(model.forward).parameters.values())
     except (TypeError, ValueError):
-        params = []
+        return []
+
+
+def _flat_inputs(model, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Every input by name: a positional one by its parameter's, those `*args` takes as
+    `<args>_<i>` (`xs_0`, `xs_1` for `forward(self, *xs)`), `arg<i>` where forward has no
+    signature to read."""
+    params = _parameters(model)
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    rest = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), "arg")
     names = {}
     for i, a in enumerate(args):
-        p = (
-            params[i]
-            if i < len(params) and params[i].kind in (params[i].POSITIONAL_ONLY, params[i].POSITIONAL_OR_KEYWORD)
-            else None
-        )
-        names[p.name if p else f"arg{i}"] = a
+        names[positional[i] if i < len(positional) else f"{rest}_{i - len(positional)}" if params else f"arg{i}"] = a
     names.update(kwargs)
     for k, v in names.items():
         if isinstance(v, (list, tuple, dict)):
             raise ValueError(f"input '{k}' is a {type(v).__name__}; symfuse takes tensors and plain values as inputs")
     return names
+
+
+class _Positional(torch.nn.Module):
+    """`model` taking every input positionally, the last ones passed on as keywords: what is
+    exported when an input goes to forward's `**kwargs`, for which torch.export cannot take
+    dynamic shapes (pytorch/pytorch#150022)."""
+
+    def __init__(self, model: torch.nn.Module, n_args: int, keywords: list[str]) -> None:
+        super().__init__()
+        self.model, self.n_args, self.keywords = model, n_args, keywords
+
+    def forward(self, *inputs):
+        return self.model(*inputs[: self.n_args], **dict(zip(self.keywords, inputs[self.n_args :])))
+
+
+def _for_export(model, inputs: dict[str, Any], n_args: int, specs: dict[str, Any]):
+    """(module, args, kwargs, dynamic_shapes) for torch.export: the per-input `specs` keyed
+    by forward's parameters, the inputs `*args` takes as a tuple under its name; a tuple in
+    input order where forward has no signature to read; every input positional to
+    `_Positional(model)` when one goes to `**kwargs`."""
+    names = list(inputs)
+    args, kwargs = tuple(inputs[k] for k in names[:n_args]), {k: inputs[k] for k in names[n_args:]}
+    params = _parameters(model)
+    if not params:
+        return model, args, kwargs, tuple(specs[n] for n in names)
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    keywords = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    var_args = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), None)
+    if any(k not in keywords for k in kwargs):  # a keyword that forward's **kwargs takes
+        wrapped = _Positional(model, n_args, list(kwargs))
+        return wrapped, tuple(inputs.values()), {}, {"inputs": tuple(specs.values())}
+    shapes: dict[str, Any] = {}
+    for i, n in enumerate(names):
+        if i >= n_args:
+            shapes[n] = specs[n]
+        elif i < len(positional):
+            shapes[positional[i]] = specs[n]
+        else:
+            shapes[var_args] = (*shapes.get(var_args, ()), specs[n])
+    return model, args, kwargs, shapes
+
+
+def _unshare(inputs: dict[str, Any]) -> list[str]:
+    """torch.export captures two inputs given the same memory in the example as one (the
+    second placeholder read for both), which would compute wrong answers once they differ:
+    each input after the first on the same memory is captured from a copy of it."""
+    owners: dict[int, str] = {}
+    notes = []
+    for name, v in inputs.items():
+        if not isinstance(v, torch.Tensor) or v.numel() == 0:
+            continue
+        where = v.untyped_storage().data_ptr()
+        if where in owners:
+            inputs[name] = v.clone()
+            notes.append(
+                f"inputs '{owners[where]}' and '{name}' shared memory in the example; '{name}' was captured "
+                "from a copy, so that the two stay separate inputs"
+            )
+        else:
+            owners[where] = name
+    return notes
 
 
 def _grow_size_one(inputs: dict[str, Any], decls: dict[str, dict[int, DimDecl]]) -> list[str]:
@@ -180,10 +245,7 @@ def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
         raise TypeError("example_inputs must be a tensor, a tuple of inputs or a dict of keyword inputs")
     inputs = _flat_inputs(model, args, kwargs)
     decls = parse_dynamic(dynamic, inputs)
-    grown = _grow_size_one(inputs, decls)
-    if grown:  # the same inputs, as export takes them: the positional ones first
-        keys = list(inputs)
-        args, kwargs = tuple(inputs[k] for k in keys[: len(args)]), {k: inputs[k] for k in keys[len(args) :]}
+    grown = _unshare(inputs) + _grow_size_one(inputs, decls)
     for name, dims in decls.items():
         for d, decl in dims.items():
             size = inputs[name].shape[d]
@@ -202,9 +264,10 @@ def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
                 )
     # Dim.AUTO never fails the export: dims the model fixes come back static, and the
     # conversion below turns a declared-dynamic dim that came back static into a clear error.
-    ds_by_name = {
+    specs = {
         k: ({d: Dim.AUTO for d in decls.get(k, {})} if isinstance(v, torch.Tensor) else None) for k, v in inputs.items()
     }
+    exported, args, kwargs, dynamic_shapes = _for_export(model, inputs, len(args), specs)
     notes = list(grown)
     if model.training:
         notes.append("the model was in training mode; it was captured in eval mode")
@@ -214,7 +277,7 @@ def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
         with torch.no_grad(), _lstm.lstms_as_custom_op(model), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             t1 = time.perf_counter()
-            ep = torch.export.export(model, args, kwargs, dynamic_shapes=ds_by_name, strict=False)
+            ep = torch.export.export(exported, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
             t2 = time.perf_counter()
             # export's own IR converts as it is for most models; tracing it again into the
             # inference IR (run_decompositions) took 4 of BERT-base's 6 s of capture, so only
