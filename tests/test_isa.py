@@ -83,7 +83,8 @@ def test_row_gemm_at_odd_shapes(isa, cache):
                         want = ACTS[name](torch.nn.functional.linear(a, w, b))
                         assert torch.allclose(c, want, rtol=1e-4, atol=1e-5), (isa, m, n, k, name)
     # K in chunks of tile.chunk steps (the last one short) while the rows are at most two
-    # chunks' worth, then in one piece
+    # chunks' worth, then in one piece; the next chunk prefetched by the tiles of 13 rows, not
+    # by those of 2 * kc rows (more than SF_PF_BLOCKS blocks)
     kc = tile.chunk
     for n in (p - 1, 2 * p + target.lanes + 1):
         for k in (kc - 1, kc + 5, 2 * kc + 3):

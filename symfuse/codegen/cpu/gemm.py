@@ -1,6 +1,8 @@
 """symfuse's own GEMM for linear layers over few rows, where streaming the weights is the
 cost: all rows pass over each chunk of a panel of packed weights while it sits in L1 (two
-thirds of it), the next chunk is prefetched meanwhile, and bias and activation are applied
+thirds of it), the next chunk is prefetched meanwhile (up to 96 rows on AVX-512; past them
+the hardware's prefetchers keep up, and the tiles run without the bookkeeping, as the
+merged attention's do), and bias and activation are applied
 to the tile while it is in registers and cache. The host picks it or oneDNN per call from
 the row count, at a switch point measured on the machine (`calibrate.py`).
 
@@ -102,19 +104,25 @@ def gemm_source(tile: Tile, bf16: bool = False, multiply: int = 0) -> str:
     if bf16:
         table = ", ".join(f"sf_tile_bf16<{m}>" for m in range(1, tile.rows + 1))
         out += _BF16_SOURCE.replace("@TABLE_BF16@", table).replace("@MULTIPLY@", str(multiply))
-    table = ", ".join(f"sf_tile<{m}>" for m in range(1, tile.rows + 1))
-    out = out.replace("@MR@", str(tile.rows)).replace("@NV@", str(tile.vectors)).replace("@TABLE@", table)
+    out = out.replace("@MR@", str(tile.rows)).replace("@NV@", str(tile.vectors))
+    for key, pf in (("@TABLE@", "false"), ("@TABLE_PF@", "true")):
+        out = out.replace(key, ", ".join(f"sf_tile<{m}, {pf}>" for m in range(1, tile.rows + 1)))
     return out.replace("@KC@", str(tile.chunk))
 
 
 _SOURCE = r"""
 // ---- the GEMM micro-kernel: C[MR, nn] = A[MR, K] W (+ bias), or with `add` C += A[MR, K] W;
-// W one panel [K][SF_PANEL]
+// W one panel [K][SF_PANEL]; with PF, pf_lines lines from `pf` on are prefetched meanwhile,
+// spread over the K steps (without PF, as the merged attention's tiles run, none of its cost)
 #define SF_MR @MR@
 #define SF_NV @NV@
 #define SF_PANEL (SF_NV * SF_LANES)
+// the next chunk is prefetched for at most this many blocks of rows; past them the products
+// take long enough for the hardware's prefetchers, and the bookkeeping only costs (cold
+// weights, 2 threads: 192-384 rows 0-9% faster without it, 64 rows 3-14% slower)
+#define SF_PF_BLOCKS 16
 #define SF_KC @KC@  // steps of K in one chunk of a panel (SF_KC * SF_PANEL floats: two thirds of L1)
-template <int MR>
+template <int MR, bool PF>
 static inline void sf_tile(const float* __restrict__ A, int64_t lda, const float* __restrict__ w,
                            float* __restrict__ C, int64_t ldc, const float* __restrict__ bias, bool add, int64_t n0,
                            int64_t nn, int64_t K, const float* __restrict__ pf, int64_t pf_lines) {
@@ -128,7 +136,7 @@ static inline void sf_tile(const float* __restrict__ A, int64_t lda, const float
     sf_vec wv[SF_NV];
 #pragma GCC unroll 4
     for (int j = 0; j < SF_NV; ++j) wv[j] = sf_load(w + k * SF_PANEL + j * SF_LANES);
-    for (pf_due += pf_lines; pf_due >= K; pf_due -= K)  // pf_lines spread evenly over the K steps
+    for (pf_due += pf_lines; PF && pf_due >= K; pf_due -= K)  // pf_lines spread evenly over the K steps
       __builtin_prefetch(pf + 16 * pf_next++, 0, 2);
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) {
@@ -156,6 +164,7 @@ static inline void sf_tile(const float* __restrict__ A, int64_t lda, const float
 typedef void (*sf_tile_fn)(const float*, int64_t, const float*, float*, int64_t, const float*, bool, int64_t,
                            int64_t, int64_t, const float*, int64_t);
 static const sf_tile_fn sf_tiles[SF_MR] = {@TABLE@};  // sf_tiles[m - 1]: a tile of m rows
+static const sf_tile_fn sf_tiles_pf[SF_MR] = {@TABLE_PF@};  // the same, prefetching
 
 #define SF_ROW_LOOP(expr) \
   { _Pragma("omp simd") for (int64_t j = 0; j < n; ++j) { const float x = row[j]; row[j] = (expr); } }
@@ -189,11 +198,12 @@ extern "C" void sf_linear_rows(const float* A, int64_t lda, const float* Wp, con
     for (int64_t k0 = 0; k0 < K; k0 += kc) {
       const int64_t kk = std::min(kc, K - k0);
       const float* w = Wp + (p * K + k0) * SF_PANEL;
-      const bool more = blocks > 1 && (k0 + kk < K || p + 1 < panels);
+      const bool more = blocks > 1 && blocks <= SF_PF_BLOCKS && (k0 + kk < K || p + 1 < panels);
+      const sf_tile_fn* tiles = more ? sf_tiles_pf : sf_tiles;
       for (int64_t m0 = 0, rb = 0; m0 < M; m0 += SF_MR, ++rb) {
         const int64_t pf = more ? std::max<int64_t>(0, std::min(share, lines - rb * share)) : 0;
-        sf_tiles[std::min<int64_t>(SF_MR, M - m0) - 1](A + m0 * lda + k0, lda, w, C + m0 * ldc, ldc, bias, k0 > 0, n0,
-                                                       nn, kk, w + kk * SF_PANEL + rb * share * 16, pf);
+        tiles[std::min<int64_t>(SF_MR, M - m0) - 1](A + m0 * lda + k0, lda, w, C + m0 * ldc, ldc, bias, k0 > 0, n0, nn,
+                                                    kk, w + kk * SF_PANEL + rb * share * 16, pf);
         if (act && k0 + kk == K)  // the epilogue, on the tile while it is in cache
           for (int64_t m = m0; m < std::min(M, m0 + SF_MR); ++m) sf_activate(C + m * ldc + n0, nn, act);
       }
