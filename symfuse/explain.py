@@ -211,12 +211,15 @@ def _steps_section(native) -> list[str]:
         elif isinstance(st, GemmStep):
             if st.conv is not None:
                 lib = "oneDNN convolution"
+            elif st.weight and st.name in native.host_thresholds:
+                shape = native.thresholds[native.host_thresholds[st.name]].shape
+                split = [t.value for t in native.thresholds.values() if t.kind == "linear_split" and t.shape == shape]
+                lib = f"linear: symfuse's row kernel up to {native.limit(st)} rows, oneDNN above"
+                lib += " (weights prepared once)"
+                if split:
+                    lib += f"; its threads on the weights' panels up to {split[0]} rows, on the rows above"
             elif st.weight:
-                lib = (
-                    f"linear: symfuse's row kernel up to {native.limit(st)} rows, oneDNN above (weights prepared once)"
-                    if st.name in native.host_thresholds
-                    else "linear: oneDNN (weights prepared once)"
-                )
+                lib = "linear: oneDNN (weights prepared once)"
             else:
                 lib = "torch.matmul on strided views"
             if st.postop:

@@ -209,7 +209,7 @@ torch.manual_seed(0)
 m = Block().eval()
 ex = (torch.randn(2, 5, 32), torch.ones(2, 5, dtype=torch.bool))
 dyn = ({0: "B", 1: "S"}, {0: "B", 1: "S"})
-th = {"linear_rows": 8, "attention_keys_library": 6}  # both versions of each run below
+th = {"linear_rows": 8, "linear_split": 6, "attention_keys_library": 6}  # both versions of each run below
 c = symfuse.compile(m, ex, dyn, thresholds=th)
 assert c.native.target.isa == "ISA", c.native.target.describe()
 for b, s in [(1, 1), (2, 3), (1, 7), (3, 11)]:

@@ -65,8 +65,12 @@ ACTS = {
 def test_row_gemm_at_odd_shapes(isa, cache):
 
     target = tg.detect("g++", isa)
+    for split in (False, True):  # the threads on panels, or on rows first
+        _row_gemm_at_odd_shapes(target, row_kernel(target, Options(cache_dir=cache), split=split), isa)
+
+
+def _row_gemm_at_odd_shapes(target, fn, isa):
     tile = tile_for(target)
-    fn = row_kernel(target, Options(cache_dir=cache))
     gen = torch.Generator().manual_seed(0)
     p = tile.panel
     for n in (1, target.lanes - 1, p - 1, p + 5, 3 * p + target.lanes + 1):
@@ -193,9 +197,15 @@ def test_bert_small_at_every_isa(isa, cache, bert_small):
         gen = generate(captured.graph, captured.store, tg.target_for(isa))
         assert build(gen.source, tg.target_for(isa), Options(cache_dir=cache))[0].endswith(".so")
         return
-    opts = Options(cache_dir=cache, isa=isa, thresholds=(("linear_rows", 8), ("attention_keys_library", 16)))
+    th = (("linear_rows", 8), ("linear_split", 3), ("attention_keys_library", 16))  # 4-8 rows: threads on rows
+    opts = Options(cache_dir=cache, isa=isa, thresholds=th)
     c = CompiledModule(captured, opts)
-    assert c.native.target.isa == isa and f"target: {isa}" in c.explain(with_graph=False)
+    explained = c.explain(with_graph=False)
+    assert c.native.target.isa == isa and f"target: {isa}" in explained
+    assert (
+        "row kernel up to 8 rows, oneDNN above (weights prepared once); its threads on the weights' panels up to 3"
+        in explained
+    )
     count = symfuse.compile_count()
     for b, s in [(1, 1), (1, 7), (2, 13), (3, 17), (1, 31), (2, 64)]:
         inputs = case.inputs(B=b, S=s)

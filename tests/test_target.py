@@ -259,6 +259,11 @@ def test_switch_points_measured_on_this_machine(tmp_path, quiet):
     cal = Calibration(target, Options(cache_dir=str(tmp_path / "k"), machine_dir=str(tmp_path / "m")))
     rows = cal.get("linear_rows", (64, 96))
     assert rows.value == 0 or rows.value in ROWS
+    split = cal.get("linear_split", (64, 96))  # measured first: linear_rows times the row kernel as the host runs it
+    assert (
+        split.value >= tile_for(target).rows
+        and "the row kernel's threads split the weights' panels" in split.describe()
+    )
     keys = cal.get("attention_keys_library", (16,))
     assert keys.value >= 0 and target.isa in keys.source
     if has_bf16_rows(target):  # bf16 kinds: the canonical attention in bf16, the row kernel's multiply
@@ -267,6 +272,7 @@ def test_switch_points_measured_on_this_machine(tmp_path, quiet):
         assert cal.get("bf16_multiply", ()).value in bf16_multiplies(target)
     (path,) = (tmp_path / "m").iterdir()
     assert "linear_rows 64x96" in path.read_text() and "attention_keys_library 16" in path.read_text()
+    assert "linear_split 64x96" in path.read_text()
 
 
 def test_thresholds_by_hand_are_checked():

@@ -278,8 +278,7 @@ def switch_points(wanted: dict[str, tuple[str, tuple[int, ...]]], target: Target
     streamed = linear_bytes > target.l3
     cal = Calibration(target, opts)
     return {
-        name: cal.get(kind, shape, streamed and kind.startswith("linear_rows"))
-        for name, (kind, shape) in wanted.items()
+        name: cal.get(kind, shape, streamed and kind.startswith("linear")) for name, (kind, shape) in wanted.items()
     }
 
 

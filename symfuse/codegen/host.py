@@ -176,8 +176,13 @@ class _Host:
                 th = self.threshold(st.name, kind, (k, n))
                 out.append(f"if {self.py(rows)} <= {th}:")
                 out.append("    " + self.alloc(st.out))
+                call = f"k.{rows_fn}"
+                if dtype is DType.float32:  # threads split the panels, or above a switch point the rows
+                    split = f"th_linear_split_{k}_{n}"
+                    self.code.thresholds[split] = ("linear_split", (k, n))
+                    call = f"({call} if {self.py(rows)} <= {split} else k.sf_linear_rows_split)"
                 out.append(
-                    f"    k.{rows_fn}({a}, {self.py(lda)}, {p}.data_ptr(), {b}, {self.ptr(st.out)}, "
+                    f"    {call}({a}, {self.py(lda)}, {p}.data_ptr(), {b}, {self.ptr(st.out)}, "
                     f"{n}, {self.py(rows)}, {n}, {k}, {act})"
                 )
                 out.append("else:")

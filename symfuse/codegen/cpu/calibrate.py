@@ -10,7 +10,9 @@ kernels:
 - a linear layer `[K -> N]`: symfuse's row kernel and oneDNN on the same rows (in float32,
   or both in bfloat16 for `precision="bf16"`), with weights
   rotated through more memory than the L3 cache when the model's weights do not fit it
-  (they stream from memory when a model runs) and kept hot when they do;
+  (they stream from memory when a model runs) and kept hot when they do; first, in float32,
+  the row kernel with its threads on the weights' panels against its threads on the rows
+  (`linear_split`), which the row kernel is then timed as;
 - how the bf16 row kernel multiplies (`bf16_multiply`): `vdpbf16ps`, FMA on weights widened
   to float32 (some CPUs run `vdpbf16ps` at half their FMA rate) or, where the CPU has them,
   AMX tiles; each timed on a 768x768 layer over 48 rows, once per machine, the fastest kept;
@@ -74,6 +76,12 @@ class Threshold:
             from symfuse.codegen.cpu.gemm import BF16_MULTIPLY
 
             what = f"symfuse's bf16 row kernel multiplies by {BF16_MULTIPLY.get(self.value, '?')}"
+        elif self.kind == "linear_split":
+            k, n = self.shape
+            what = (
+                f"linear {k}->{n}: the row kernel's threads split the weights' panels up to {self.value} rows,"
+                " the rows above"
+            )
         elif self.kind.startswith("linear_rows"):
             k, n = self.shape
             bf16 = " bf16" if self.kind == "linear_rows_bf16" else ""
@@ -120,6 +128,8 @@ class Calibration:
         if kind in self.manual:
             return Threshold(kind, shape, self.manual[kind], BY_HAND)
         key = f"{kind} {'x'.join(map(str, shape))}" + (" streamed" if streamed else "")
+        if kind == "linear_rows" and "linear_split" in self.manual:  # measured with that split
+            key += f" split {self.manual['linear_split']}"
         entries = self._load()
         e = entries.get(key) or _UNKEPT.get((self.path, key))
         if e is None:
@@ -181,23 +191,33 @@ class Calibration:
             from symfuse.codegen.cpu.gemm import bf16_multiplies
 
             best, timings = 0, {}
-            setup_best, run_best, _ = self._linear(768, 768, False, bf16=True, multiply=0)
+            setup_best, run_best, _, _, _ = self._linear(768, 768, False, bf16=True, multiply=0)
             setup_best(48)
             for way in bf16_multiplies(self.target)[1:]:  # each against the fastest so far
-                setup, run, _ = self._linear(768, 768, False, bf16=True, multiply=way)
+                setup, run, _, _, _ = self._linear(768, 768, False, bf16=True, multiply=way)
                 setup(48)
                 a, b = _ratio(run, run_best)
                 timings[f"48 rows: {way} vs {best}"] = [round(a * 1e3, 4), round(b * 1e3, 4)]
                 if a < b:
                     best, run_best = way, run
             return best, timings
+        if kind == "linear_split":  # the row kernel's threads on panels, then on rows
+            from symfuse.codegen.cpu.gemm import tile_for
+
+            # the two are the same kernel while there is one block of rows, or one thread
+            same = tile_for(self.target).rows
+            if self._helpers().sf_threads() < 2:
+                return ROWS[-1], {}
+            setup, panels, rows, _, refresh = self._linear(*shape, streamed)
+            value, timings = _switch_point([m for m in ROWS if m > same], setup, panels, rows, refresh)
+            return max(value, same), timings
         if kind.startswith("linear_rows"):
-            # in a model, the layers between two uses of a weight take the caches: so here, on
-            # every core, a pass over twice its L2 before each timed call (back to back, the
-            # libraries' lead at 64 rows of a 256->768 layer was one the model reversed)
-            scratch = torch.zeros(2 * self.target.l2 * self.target.cores // 4)
-            bf16 = kind == "linear_rows_bf16"
-            return _switch_point(ROWS, *self._linear(*shape, streamed, bf16), lambda: scratch.add_(1.0))
+            if kind == "linear_rows_bf16":
+                setup, own, _, library, refresh = self._linear(*shape, streamed, bf16=True)
+            else:  # the row kernel as the host runs it: on panels up to the split, on rows above
+                split = self.get("linear_split", shape, streamed).value
+                setup, own, _, library, refresh = self._linear(*shape, streamed, split=split)
+            return _switch_point(ROWS, setup, own, library, refresh)
         # attention's inputs come hot from the GEMM before it, as back to back here
         library, bf16 = kind.startswith("attention_keys_library"), kind.endswith("_bf16")
         return _switch_point(KEYS, *self._attention(shape[0], library, bf16))
@@ -214,13 +234,28 @@ class Calibration:
             self._kernels[precision] = compile_program(graph, store, forced, target=self.target, force_precision=True)
         return self._kernels[precision]
 
-    def _linear(self, k: int, n: int, streamed: bool, bf16: bool = False, multiply: int | None = None):
+    def _linear(
+        self, k: int, n: int, streamed: bool, bf16: bool = False, multiply: int | None = None, split: int = 1 << 30
+    ):
+        """(setup(rows), the row kernel with its threads on panels up to `split` rows and on
+        rows above, the row kernel with its threads on rows, oneDNN, refresh()): each call
+        timed alone, after refresh(). In bf16 the row kernel's threads are always on panels.
+
+        refresh() leaves the caches as a model's layer finds them: the layers between two
+        uses of a weight have taken the caches (a pass over twice the L2 on every core; back
+        to back, the libraries' lead at 64 rows of a 256->768 layer was one the model
+        reversed), and the input was just written by the kernel before, a block of rows by
+        each thread, as a layer norm leaves it (the row kernel with its threads on rows
+        reads its own rows then: bert-small 10-14% and BERT-base 11% faster at 128 rows, where
+        freshly made inputs measured -1 to +15% layer by layer)."""
         from symfuse.codegen.cpu.gemm import pack_panels, tile_for
 
         if bf16:
             rows_fn = row_kernel(self.target, self.opts, True, self.multiply() if multiply is None else multiply)
+            split_fn = rows_fn
         else:
             rows_fn = self.kernels().program.kernels.sf_linear_rows
+            split_fn = self.kernels().program.kernels.sf_linear_rows_split
         dtype = torch.bfloat16 if bf16 else torch.float32
         panel = tile_for(self.target).panel
         copies = max(1, min(64, (2 * self.target.l3) // (dtype.itemsize * k * n) + 1)) if streamed else 1
@@ -232,16 +267,28 @@ class Calibration:
         linear = torch.ops.mkldnn._linear_pointwise
         st = {}
 
+        scratch = torch.zeros(2 * self.target.l2 * self.target.cores // 4)
+        rewrite = self._helpers().sf_rewrite
+
         def setup(m: int) -> None:
             a = torch.randn(m, k, generator=gen).to(dtype)
             st["a"], st["c"], st["m"], st["i"] = a, torch.empty(m, n, dtype=dtype), m, 0
 
-        def own() -> float:
-            a, c, i, m = st["a"], st["c"], st["i"], st["m"]
-            st["i"] = (i + 1) % copies
-            t0 = time.perf_counter()
-            rows_fn(a.data_ptr(), k, packed[i].data_ptr(), bias.data_ptr(), c.data_ptr(), n, m, n, k, 0)
-            return time.perf_counter() - t0
+        def refresh() -> None:
+            scratch.add_(1.0)
+            a = st["a"]
+            rewrite(a.data_ptr(), a.numel() * a.element_size() // 4, 0)
+
+        def own(split: int) -> Callable[[], float]:
+            def run() -> float:
+                a, c, i, m = st["a"], st["c"], st["i"], st["m"]
+                st["i"] = (i + 1) % copies
+                fn = rows_fn if m <= split else split_fn
+                t0 = time.perf_counter()
+                fn(a.data_ptr(), k, packed[i].data_ptr(), bias.data_ptr(), c.data_ptr(), n, m, n, k, 0)
+                return time.perf_counter() - t0
+
+            return run
 
         def library() -> float:
             i = st["i"]
@@ -250,7 +297,30 @@ class Calibration:
             linear(st["a"], reordered[i], bias, "none", [], "")
             return time.perf_counter() - t0
 
-        return setup, own, library
+        return setup, own(split), own(0), library, refresh
+
+    def _helpers(self):
+        """A library of two: `sf_rewrite(words, n, x)`, words[i] ^= x over n 32-bit words split
+        in blocks between the threads the kernels run on (x = 0 leaves them as they were,
+        written), and `sf_threads()`, how many threads the kernels run on."""
+        if "helpers" not in self._kernels:
+            import ctypes
+
+            from symfuse.codegen.cpu.build import build
+
+            source = (
+                "#include <cstdint>\n#include <omp.h>\n"
+                'extern "C" void sf_rewrite(uint32_t* words, int64_t n, uint32_t x) {\n'
+                "#pragma omp parallel for schedule(static)\n"
+                "  for (int64_t i = 0; i < n; ++i) words[i] ^= x;\n"
+                "}\n"
+                'extern "C" int sf_threads() { return omp_get_max_threads(); }\n'
+            )
+            lib = ctypes.CDLL(build(source, self.target, self.opts)[0])
+            lib.sf_rewrite.argtypes, lib.sf_rewrite.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint32], None
+            lib.sf_threads.argtypes, lib.sf_threads.restype = [], ctypes.c_int
+            self._kernels["helpers"] = lib
+        return self._kernels["helpers"]
 
     def _attention(self, d: int, library: bool, bf16: bool = False):
         be = self.kernels("bf16" if bf16 else "fp32")
@@ -317,9 +387,10 @@ class OtherProcesses:
         return max(0.0, others) / ((t1 - t0) * cores)
 
 
-def row_kernel(target: Target, opts: Options, bf16: bool = False, multiply: int = 0):
-    """symfuse's row GEMM built for `target` alone (`sf_linear_rows`, or with `bf16`
-    `sf_linear_rows_bf16` multiplying as `gemm.BF16_MULTIPLY[multiply]` says), typed for ctypes."""
+def row_kernel(target: Target, opts: Options, bf16: bool = False, multiply: int = 0, split: bool = False):
+    """symfuse's row GEMM built for `target` alone (`sf_linear_rows`; with `split`
+    `sf_linear_rows_split`, its threads on rows first; with `bf16` `sf_linear_rows_bf16`
+    multiplying as `gemm.BF16_MULTIPLY[multiply]` says), typed for ctypes."""
     import ctypes
 
     from symfuse.codegen.cpu.build import build
@@ -328,7 +399,8 @@ def row_kernel(target: Target, opts: Options, bf16: bool = False, multiply: int 
     from symfuse.runtime.program import linear_rows
 
     path, _, _ = build(preamble(target) + gemm_source(tile_for(target), bf16, multiply), target, opts)
-    return linear_rows(ctypes.CDLL(path), "sf_linear_rows_bf16" if bf16 else "sf_linear_rows")
+    name = "sf_linear_rows_bf16" if bf16 else "sf_linear_rows_split" if split else "sf_linear_rows"
+    return linear_rows(ctypes.CDLL(path), name)
 
 
 def _switch_point(sizes, setup, first, second, between=lambda: None) -> tuple[int, dict]:

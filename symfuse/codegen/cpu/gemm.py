@@ -111,6 +111,7 @@ def gemm_source(tile: Tile, bf16: bool = False, multiply: int = 0) -> str:
 
 
 _SOURCE = r"""
+#include <omp.h>
 // ---- the GEMM micro-kernel: C[MR, nn] = A[MR, K] W (+ bias), or with `add` C += A[MR, K] W;
 // W one panel [K][SF_PANEL]; with PF, pf_lines lines from `pf` on are prefetched meanwhile,
 // spread over the K steps (without PF, as the merged attention's tiles run, none of its cost)
@@ -184,31 +185,58 @@ static inline void sf_activate(float* __restrict__ row, int64_t n, int64_t act) 
 // A panel is walked a chunk (SF_KC steps of K) at a time: every block of rows multiplies the
 // chunk while it is in L1 and prefetches its share of the next chunk (the weights are one
 // stream: the next chunk, then the next panel), so a thread waits for one chunk, not a panel,
-// before its first products
-extern "C" void sf_linear_rows(const float* A, int64_t lda, const float* Wp, const float* bias, float* C,
-                               int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act) {
+// before its first products. The threads split the panels (`sf_linear_rows`) or, first, the
+// blocks of rows (`sf_linear_rows_split`: a grid of as many row groups as threads, or blocks,
+// times the panel groups the other threads make); which one wins depends on the shape and the
+// machine, so the host picks per call at a switch point measured per layer (calibrate.py)
+static void sf_rows_gemm(const float* A, int64_t lda, const float* Wp, const float* bias, float* C, int64_t ldc,
+                         int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first) {
   const int64_t panels = (N + SF_PANEL - 1) / SF_PANEL, blocks = (M + SF_MR - 1) / SF_MR;
+  // the grid for a team of `threads`: row groups, then panel groups
+  auto grid = [&](int64_t threads, int64_t& tr, int64_t& tp) {
+    tr = rows_first ? std::min(threads, blocks) : 1;
+    tp = std::min(panels, std::max<int64_t>(1, threads / tr));
+  };
+  int64_t tr, tp;
+  grid(omp_get_max_threads(), tr, tp);
   // in chunks while the panel's block of C (added to once a chunk) is at most two chunks' size
   const int64_t kc = M <= 2 * SF_KC ? std::min<int64_t>(K, SF_KC) : K;
   const int64_t lines = kc * SF_PANEL / 16;  // 64-byte lines in one chunk
-  const int64_t share = (lines + blocks - 1) / blocks;  // lines of the next chunk each row block prefetches
-#pragma omp parallel for schedule(static) if (panels > 1)
-  for (int64_t p = 0; p < panels; ++p) {
-    const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
-    for (int64_t k0 = 0; k0 < K; k0 += kc) {
-      const int64_t kk = std::min(kc, K - k0);
-      const float* w = Wp + (p * K + k0) * SF_PANEL;
-      const bool more = blocks > 1 && blocks <= SF_PF_BLOCKS && (k0 + kk < K || p + 1 < panels);
-      const sf_tile_fn* tiles = more ? sf_tiles_pf : sf_tiles;
-      for (int64_t m0 = 0, rb = 0; m0 < M; m0 += SF_MR, ++rb) {
-        const int64_t pf = more ? std::max<int64_t>(0, std::min(share, lines - rb * share)) : 0;
-        tiles[std::min<int64_t>(SF_MR, M - m0) - 1](A + m0 * lda + k0, lda, w, C + m0 * ldc, ldc, bias, k0 > 0, n0, nn,
-                                                    kk, w + kk * SF_PANEL + rb * share * 16, pf);
-        if (act && k0 + kk == K)  // the epilogue, on the tile while it is in cache
-          for (int64_t m = m0; m < std::min(M, m0 + SF_MR); ++m) sf_activate(C + m * ldc + n0, nn, act);
+#pragma omp parallel num_threads(tp * tr) if (tp * tr > 1)
+  {
+    int64_t tr, tp;  // again for the team there is (OpenMP may give fewer threads than asked)
+    grid(omp_get_num_threads(), tr, tp);
+    const int64_t id = omp_get_thread_num(), pi = id % tp, ri = id / tp;
+    const bool idle = ri >= tr;  // past the grid
+    const int64_t p0 = idle ? 0 : panels * pi / tp, p1 = idle ? 0 : panels * (pi + 1) / tp;  // this thread's panels
+    const int64_t b0 = blocks * ri / tr, b1 = blocks * (ri + 1) / tr;  // and blocks of rows
+    const int64_t mine = std::max<int64_t>(1, b1 - b0), share = (lines + mine - 1) / mine;  // lines a block prefetches
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
+      for (int64_t k0 = 0; k0 < K; k0 += kc) {
+        const int64_t kk = std::min(kc, K - k0);
+        const float* w = Wp + (p * K + k0) * SF_PANEL;
+        const bool more = mine > 1 && mine <= SF_PF_BLOCKS && (k0 + kk < K || p + 1 < p1);
+        const sf_tile_fn* tiles = more ? sf_tiles_pf : sf_tiles;
+        for (int64_t rb = b0; rb < b1; ++rb) {
+          const int64_t m0 = rb * SF_MR, first = (rb - b0) * share;
+          const int64_t pf = more ? std::max<int64_t>(0, std::min(share, lines - first)) : 0;
+          tiles[std::min<int64_t>(SF_MR, M - m0) - 1](A + m0 * lda + k0, lda, w, C + m0 * ldc, ldc, bias, k0 > 0, n0,
+                                                      nn, kk, w + kk * SF_PANEL + first * 16, pf);
+          if (act && k0 + kk == K)  // the epilogue, on the tile while it is in cache
+            for (int64_t m = m0; m < std::min(M, m0 + SF_MR); ++m) sf_activate(C + m * ldc + n0, nn, act);
+        }
       }
     }
   }
+}
+extern "C" void sf_linear_rows(const float* A, int64_t lda, const float* Wp, const float* bias, float* C,
+                               int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act) {
+  sf_rows_gemm(A, lda, Wp, bias, C, ldc, M, N, K, act, false);
+}
+extern "C" void sf_linear_rows_split(const float* A, int64_t lda, const float* Wp, const float* bias, float* C,
+                                     int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act) {
+  sf_rows_gemm(A, lda, Wp, bias, C, ldc, M, N, K, act, true);
 }
 """
 
