@@ -246,8 +246,8 @@ class Calibration:
         to back, the libraries' lead at 64 rows of a 256->768 layer was one the model
         reversed), and the input was just written by the kernel before, a block of rows by
         each thread, as a layer norm leaves it (the row kernel with its threads on rows
-        reads its own rows then: bert-small (median of five runs) and BERT-base 11% faster at
-        128 rows, where freshly made inputs measured -1 to +15% layer by layer)."""
+        reads its own rows then, and made bert-small and BERT-base at 128 rows 11% faster in
+        the model; on freshly made inputs it measured -1 to +15% layer by layer)."""
         from symfuse.codegen.cpu.gemm import pack_panels, tile_for
 
         if bf16:
