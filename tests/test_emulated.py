@@ -69,12 +69,13 @@ static void spill(const char* dir, const char* name, const void* p, long bytes) 
 }
 int main(int argc, char** argv) {
   const char* dir = argv[2];
-  if (std::string(argv[1]) == "linear") {  // linear DIR M N K ACT HAS_BIAS
+  if (std::string(argv[1]) == "linear") {  // linear DIR M N K ACT HAS_BIAS SPLIT
     const long M = std::atol(argv[3]), N = std::atol(argv[4]), K = std::atol(argv[5]), act = std::atol(argv[6]);
     auto a = slurp(dir, "a"), w = slurp(dir, "w"), b = slurp(dir, "bias");
     std::vector<float> c(M * N);
-    sf_linear_rows((float*)a.data(), K, (float*)w.data(), std::atol(argv[7]) ? (float*)b.data() : nullptr,
-                   c.data(), N, M, N, K, act);
+    (std::atol(argv[8]) ? sf_linear_rows_split : sf_linear_rows)(
+        (float*)a.data(), K, (float*)w.data(), std::atol(argv[7]) ? (float*)b.data() : nullptr, c.data(), N, M, N, K,
+        act);
     spill(dir, "c", c.data(), c.size() * 4);
     return 0;
   }
@@ -151,14 +152,15 @@ def test_row_gemm(program, tmp_path):
         a.numpy().tofile(tmp_path / "a.bin")
         pack_panels(w, panel).numpy().tofile(tmp_path / "w.bin")
         bias.numpy().tofile(tmp_path / "bias.bin")
-        for name, code in ACTIVATIONS.items():
-            run("linear", tmp_path, m, n, k, code, 1)
+        # the threads on panels with every activation, on rows first (sf_linear_rows_split) with two
+        for name, code, split in [(x, c, 0) for x, c in ACTIVATIONS.items()] + [("none", 0, 1), ("gelu", 1, 1)]:
+            run("linear", tmp_path, m, n, k, code, 1, split)
             got = torch.from_numpy(np.fromfile(tmp_path / "c.bin", dtype="float32")).view(m, n)
             want = ACTS[name](torch.nn.functional.linear(a, w, bias))
             if k <= 64:
-                assert torch.allclose(got, want, rtol=1e-4, atol=1e-5), (m, n, k, name)
+                assert torch.allclose(got, want, rtol=1e-4, atol=1e-5), (m, n, k, name, split)
             else:  # relative to the output's scale: sums of hundreds of products round apart
-                assert (got - want).abs().max() <= 1e-4 * want.abs().max() + 1e-5, (m, n, k, name)
+                assert (got - want).abs().max() <= 1e-4 * want.abs().max() + 1e-5, (m, n, k, name, split)
 
 
 def test_merged_attention(program, tmp_path):
