@@ -212,8 +212,9 @@ def _steps_section(native) -> list[str]:
             if st.conv is not None:
                 lib = "oneDNN convolution"
             elif st.weight and st.name in native.host_thresholds:
-                shape = native.thresholds[native.host_thresholds[st.name]].shape
-                split = [t.value for t in native.thresholds.values() if t.kind == "linear_split" and t.shape == shape]
+                rows = native.thresholds[native.host_thresholds[st.name]]
+                kind = rows.kind.replace("rows", "split")
+                split = [t.value for t in native.thresholds.values() if t.kind == kind and t.shape == rows.shape]
                 lib = f"linear: symfuse's row kernel up to {native.limit(st)} rows, oneDNN above"
                 lib += " (weights prepared once)"
                 if split:

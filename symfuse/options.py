@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 # thresholds between kernel versions that can be set by hand (else measured per machine)
 THRESHOLD_KINDS = (
-    "linear_rows", "linear_split", "linear_rows_bf16", "bf16_multiply",
+    "linear_rows", "linear_split", "linear_rows_bf16", "linear_split_bf16", "bf16_multiply",
     "attention_keys", "attention_keys_library", "attention_keys_bf16", "attention_keys_library_bf16",
 )  # fmt: skip
 LIBRARY_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")

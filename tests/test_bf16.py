@@ -86,8 +86,12 @@ def test_storage_rounds_as_torch_at_every_isa(isa, cache):
 @pytest.mark.skipif(not has_bf16_rows(HERE), reason="the bf16 row kernel needs AVX512-BF16, which this CPU lacks")
 @pytest.mark.parametrize("multiply", bf16_multiplies(HERE))
 def test_bf16_row_gemm_at_odd_shapes(multiply, cache):
+    for split in (False, True):  # the threads on panels, or on rows first
+        _bf16_row_gemm_at_odd_shapes(row_kernel(HERE, Options(cache_dir=cache), True, multiply, split), multiply)
+
+
+def _bf16_row_gemm_at_odd_shapes(fn, multiply):
     tile = tile_for(HERE)
-    fn = row_kernel(HERE, Options(cache_dir=cache), True, multiply)
     gen = torch.Generator().manual_seed(0)
     p = tile.panel
     for n in (1, 15, p - 1, p + 5, 3 * p + 17):
@@ -95,7 +99,7 @@ def test_bf16_row_gemm_at_odd_shapes(multiply, cache):
             w = torch.randn(n, k, generator=gen).bfloat16()
             bias = torch.randn(n, generator=gen).bfloat16()
             wp = pack_panels(w.float(), p, bf16=True)
-            for m in (1, 2, tile.rows + 1, 13, 31, 48):  # AMX: blocks of 16 rows, whole or padded
+            for m in (1, 2, tile.rows + 1, 13, 31, 48):  # AMX: blocks of 16 rows, whole or padded (2-3 of them)
                 a = torch.randn(m, k + 3, generator=gen).bfloat16()[:, :k]  # rows with a stride of k + 3
                 for name, code in ACTIVATIONS.items():
                     for b in (bias, None):

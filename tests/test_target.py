@@ -270,6 +270,8 @@ def test_switch_points_measured_on_this_machine(tmp_path, quiet):
         keys = cal.get("attention_keys_library_bf16", (16,))
         assert keys.value >= 0 and "attention bf16, head size 16: merged kernel up to" in keys.describe()
         assert cal.get("bf16_multiply", ()).value in bf16_multiplies(target)
+        split = cal.get("linear_split_bf16", (64, 96))
+        assert split.value >= tile_for(target).rows and "the bf16 row kernel's threads split" in split.describe()
     (path,) = (tmp_path / "m").iterdir()
     assert "linear_rows 64x96" in path.read_text() and "attention_keys_library 16" in path.read_text()
     assert "linear_split 64x96" in path.read_text()

@@ -176,11 +176,10 @@ class _Host:
                 th = self.threshold(st.name, kind, (k, n))
                 out.append(f"if {self.py(rows)} <= {th}:")
                 out.append("    " + self.alloc(st.out))
-                call = f"k.{rows_fn}"
-                if dtype is DType.float32:  # threads split the panels, or above a switch point the rows
-                    split = f"th_linear_split_{k}_{n}"
-                    self.code.thresholds[split] = ("linear_split", (k, n))
-                    call = f"({call} if {self.py(rows)} <= {split} else k.sf_linear_rows_split)"
+                # its threads split the panels, or above a switch point the rows first
+                split = kind.replace("rows", "split")
+                self.code.thresholds[f"th_{split}_{k}_{n}"] = (split, (k, n))
+                call = f"(k.{rows_fn} if {self.py(rows)} <= th_{split}_{k}_{n} else k.{rows_fn}_split)"
                 out.append(
                     f"    {call}({a}, {self.py(lda)}, {p}.data_ptr(), {b}, {self.ptr(st.out)}, "
                     f"{n}, {self.py(rows)}, {n}, {k}, {act})"

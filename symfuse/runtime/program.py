@@ -94,7 +94,7 @@ class Program(HostProgram):
             f.argtypes = [ctypes.c_void_p] * (kernels[name] + 1) + [ctypes.c_int64, ctypes.c_int64]
             f.restype = None
             setattr(ks, name, f)
-        for name in ("sf_linear_rows", "sf_linear_rows_split", "sf_linear_rows_bf16"):
+        for name in ("sf_linear_rows", "sf_linear_rows_split", "sf_linear_rows_bf16", "sf_linear_rows_bf16_split"):
             if hasattr(lib, name):
                 setattr(ks, name, linear_rows(lib, name))
         if caller is not None:  # the same functions, called with less overhead (all take integers)

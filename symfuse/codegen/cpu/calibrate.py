@@ -10,9 +10,9 @@ kernels:
 - a linear layer `[K -> N]`: symfuse's row kernel and oneDNN on the same rows (in float32,
   or both in bfloat16 for `precision="bf16"`), with weights
   rotated through more memory than the L3 cache when the model's weights do not fit it
-  (they stream from memory when a model runs) and kept hot when they do; first, in float32,
-  the row kernel with its threads on the weights' panels against its threads on the rows
-  (`linear_split`), which the row kernel is then timed as;
+  (they stream from memory when a model runs) and kept hot when they do; first the row
+  kernel with its threads on the weights' panels against its threads on the rows
+  (`linear_split`, `linear_split_bf16`), which the row kernel is then timed as;
 - how the bf16 row kernel multiplies (`bf16_multiply`): `vdpbf16ps`, FMA on weights widened
   to float32 (some CPUs run `vdpbf16ps` at half their FMA rate) or, where the CPU has them,
   AMX tiles; each timed on a 768x768 layer over 48 rows, once per machine, the fastest kept;
@@ -76,10 +76,11 @@ class Threshold:
             from symfuse.codegen.cpu.gemm import BF16_MULTIPLY
 
             what = f"symfuse's bf16 row kernel multiplies by {BF16_MULTIPLY.get(self.value, '?')}"
-        elif self.kind == "linear_split":
+        elif self.kind.startswith("linear_split"):
             k, n = self.shape
+            bf16 = " bf16" if self.kind == "linear_split_bf16" else ""
             what = (
-                f"linear {k}->{n}: the row kernel's threads split the weights' panels up to {self.value} rows,"
+                f"linear {k}->{n}: the{bf16} row kernel's threads split the weights' panels up to {self.value} rows,"
                 " the rows above"
             )
         elif self.kind.startswith("linear_rows"):
@@ -128,8 +129,9 @@ class Calibration:
         if kind in self.manual:
             return Threshold(kind, shape, self.manual[kind], BY_HAND)
         key = f"{kind} {'x'.join(map(str, shape))}" + (" streamed" if streamed else "")
-        if kind == "linear_rows" and "linear_split" in self.manual:  # measured with that split
-            key += f" split {self.manual['linear_split']}"
+        split = kind.replace("rows", "split")
+        if kind.startswith("linear_rows") and split in self.manual:  # measured with that split
+            key += f" split {self.manual[split]}"
         entries = self._load()
         e = entries.get(key) or _UNKEPT.get((self.path, key))
         if e is None:
@@ -201,22 +203,21 @@ class Calibration:
                 if a < b:
                     best, run_best = way, run
             return best, timings
-        if kind == "linear_split":  # the row kernel's threads on panels, then on rows
+        if kind.startswith("linear_split"):  # the row kernel's threads on panels, then on rows
             from symfuse.codegen.cpu.gemm import tile_for
 
-            # the two are the same kernel while there is one block of rows, or one thread
-            same = tile_for(self.target).rows
+            # the two are the same kernel while there is one block of rows (AMX: 16), or one thread
+            bf16 = kind == "linear_split_bf16"
+            same = 16 if bf16 and self.multiply() == 2 else tile_for(self.target).rows
             if self._helpers().sf_threads() < 2:
                 return ROWS[-1], {}
-            setup, panels, rows, _, refresh = self._linear(*shape, streamed)
+            setup, panels, rows, _, refresh = self._linear(*shape, streamed, bf16=bf16)
             value, timings = _switch_point([m for m in ROWS if m > same], setup, panels, rows, refresh)
             return max(value, same), timings
-        if kind.startswith("linear_rows"):
-            if kind == "linear_rows_bf16":
-                setup, own, _, library, refresh = self._linear(*shape, streamed, bf16=True)
-            else:  # the row kernel as the host runs it: on panels up to the split, on rows above
-                split = self.get("linear_split", shape, streamed).value
-                setup, own, _, library, refresh = self._linear(*shape, streamed, split=split)
+        if kind.startswith("linear_rows"):  # the row kernel as the host runs it: on panels up to the split
+            bf16 = kind == "linear_rows_bf16"
+            split = self.get("linear_split_bf16" if bf16 else "linear_split", shape, streamed).value
+            setup, own, _, library, refresh = self._linear(*shape, streamed, bf16=bf16, split=split)
             return _switch_point(ROWS, setup, own, library, refresh)
         # attention's inputs come hot from the GEMM before it, as back to back here
         library, bf16 = kind.startswith("attention_keys_library"), kind.endswith("_bf16")
@@ -239,7 +240,7 @@ class Calibration:
     ):
         """(setup(rows), the row kernel with its threads on panels up to `split` rows and on
         rows above, the row kernel with its threads on rows, oneDNN, refresh()): each call
-        timed alone, after refresh(). In bf16 the row kernel's threads are always on panels.
+        timed alone, after refresh().
 
         refresh() leaves the caches as a model's layer finds them: the layers between two
         uses of a weight have taken the caches (a pass over twice the L2 on every core; back
@@ -251,8 +252,9 @@ class Calibration:
         from symfuse.codegen.cpu.gemm import pack_panels, tile_for
 
         if bf16:
-            rows_fn = row_kernel(self.target, self.opts, True, self.multiply() if multiply is None else multiply)
-            split_fn = rows_fn
+            way = self.multiply() if multiply is None else multiply
+            rows_fn = row_kernel(self.target, self.opts, True, way)
+            split_fn = row_kernel(self.target, self.opts, True, way, split=True)
         else:
             rows_fn = self.kernels().program.kernels.sf_linear_rows
             split_fn = self.kernels().program.kernels.sf_linear_rows_split
@@ -388,9 +390,9 @@ class OtherProcesses:
 
 
 def row_kernel(target: Target, opts: Options, bf16: bool = False, multiply: int = 0, split: bool = False):
-    """symfuse's row GEMM built for `target` alone (`sf_linear_rows`; with `split`
-    `sf_linear_rows_split`, its threads on rows first; with `bf16` `sf_linear_rows_bf16`
-    multiplying as `gemm.BF16_MULTIPLY[multiply]` says), typed for ctypes."""
+    """symfuse's row GEMM built for `target` alone (`sf_linear_rows`, or with `bf16`
+    `sf_linear_rows_bf16` multiplying as `gemm.BF16_MULTIPLY[multiply]` says; with `split`
+    the one whose threads take the rows first, `..._split`), typed for ctypes."""
     import ctypes
 
     from symfuse.codegen.cpu.build import build
@@ -399,8 +401,8 @@ def row_kernel(target: Target, opts: Options, bf16: bool = False, multiply: int 
     from symfuse.runtime.program import linear_rows
 
     path, _, _ = build(preamble(target) + gemm_source(tile_for(target), bf16, multiply), target, opts)
-    name = "sf_linear_rows_bf16" if bf16 else "sf_linear_rows_split" if split else "sf_linear_rows"
-    return linear_rows(ctypes.CDLL(path), name)
+    name = "sf_linear_rows_bf16" if bf16 else "sf_linear_rows"
+    return linear_rows(ctypes.CDLL(path), name + "_split" if split else name)
 
 
 def _switch_point(sizes, setup, first, second, between=lambda: None) -> tuple[int, dict]:

@@ -181,45 +181,57 @@ static inline void sf_activate(float* __restrict__ row, int64_t n, int64_t act) 
   }
 }
 
+// the panels [p0, p1) and blocks of rows [b0, b1) one thread of a team takes: the panels split
+// between the threads, or with rows_first a grid of row groups (as many as threads, or blocks
+// of rows) times panel groups; threads past the grid take nothing
+struct sf_grid {
+  int64_t p0, p1, b0, b1;
+  static void shape(int64_t threads, int64_t panels, int64_t blocks, bool rows_first, int64_t& tr, int64_t& tp) {
+    tr = rows_first ? std::min(threads, blocks) : 1;
+    tp = std::min(panels, std::max<int64_t>(1, threads / tr));
+  }
+  static int64_t threads(int64_t panels, int64_t blocks, bool rows_first) {  // to ask for
+    int64_t tr, tp;
+    shape(omp_get_max_threads(), panels, blocks, rows_first, tr, tp);
+    return tr * tp;
+  }
+  static sf_grid mine(int64_t panels, int64_t blocks, bool rows_first) {  // in the team there is
+    int64_t tr, tp;  // (OpenMP may give fewer threads than asked)
+    shape(omp_get_num_threads(), panels, blocks, rows_first, tr, tp);
+    const int64_t id = omp_get_thread_num(), pi = id % tp, ri = id / tp;
+    if (ri >= tr) return {0, 0, 0, 0};
+    return {panels * pi / tp, panels * (pi + 1) / tp, blocks * ri / tr, blocks * (ri + 1) / tr};
+  }
+};
+
 // C[M, N] = act(A[M, K] W^T + bias) for few rows; W packed as panels [N / SF_PANEL][K][SF_PANEL].
 // A panel is walked a chunk (SF_KC steps of K) at a time: every block of rows multiplies the
 // chunk while it is in L1 and prefetches its share of the next chunk (the weights are one
 // stream: the next chunk, then the next panel), so a thread waits for one chunk, not a panel,
 // before its first products. The threads split the panels (`sf_linear_rows`) or, first, the
-// blocks of rows (`sf_linear_rows_split`: a grid of as many row groups as threads, or blocks,
-// times the panel groups the other threads make); which one wins depends on the shape and the
+// blocks of rows (`sf_linear_rows_split`, `sf_grid`); which one wins depends on the shape and the
 // machine, so the host picks per call at a switch point measured per layer (calibrate.py)
 static void sf_rows_gemm(const float* A, int64_t lda, const float* Wp, const float* bias, float* C, int64_t ldc,
                          int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first) {
   const int64_t panels = (N + SF_PANEL - 1) / SF_PANEL, blocks = (M + SF_MR - 1) / SF_MR;
-  // the grid for a team of `threads`: row groups, then panel groups
-  auto grid = [&](int64_t threads, int64_t& tr, int64_t& tp) {
-    tr = rows_first ? std::min(threads, blocks) : 1;
-    tp = std::min(panels, std::max<int64_t>(1, threads / tr));
-  };
-  int64_t tr, tp;
-  grid(omp_get_max_threads(), tr, tp);
   // in chunks while the panel's block of C (added to once a chunk) is at most two chunks' size
   const int64_t kc = M <= 2 * SF_KC ? std::min<int64_t>(K, SF_KC) : K;
   const int64_t lines = kc * SF_PANEL / 16;  // 64-byte lines in one chunk
-#pragma omp parallel num_threads(tp * tr) if (tp * tr > 1)
+  const int64_t team = sf_grid::threads(panels, blocks, rows_first);
+#pragma omp parallel num_threads(team) if (team > 1)
   {
-    int64_t tr, tp;  // again for the team there is (OpenMP may give fewer threads than asked)
-    grid(omp_get_num_threads(), tr, tp);
-    const int64_t id = omp_get_thread_num(), pi = id % tp, ri = id / tp;
-    const bool idle = ri >= tr;  // past the grid
-    const int64_t p0 = idle ? 0 : panels * pi / tp, p1 = idle ? 0 : panels * (pi + 1) / tp;  // this thread's panels
-    const int64_t b0 = blocks * ri / tr, b1 = blocks * (ri + 1) / tr;  // and blocks of rows
-    const int64_t mine = std::max<int64_t>(1, b1 - b0), share = (lines + mine - 1) / mine;  // lines a block prefetches
-    for (int64_t p = p0; p < p1; ++p) {
+    const sf_grid g = sf_grid::mine(panels, blocks, rows_first);
+    // lines of the next chunk a block of rows prefetches
+    const int64_t mine = std::max<int64_t>(1, g.b1 - g.b0), share = (lines + mine - 1) / mine;
+    for (int64_t p = g.p0; p < g.p1; ++p) {
       const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
       for (int64_t k0 = 0; k0 < K; k0 += kc) {
         const int64_t kk = std::min(kc, K - k0);
         const float* w = Wp + (p * K + k0) * SF_PANEL;
-        const bool more = mine > 1 && mine <= SF_PF_BLOCKS && (k0 + kk < K || p + 1 < p1);
+        const bool more = mine > 1 && mine <= SF_PF_BLOCKS && (k0 + kk < K || p + 1 < g.p1);
         const sf_tile_fn* tiles = more ? sf_tiles_pf : sf_tiles;
-        for (int64_t rb = b0; rb < b1; ++rb) {
-          const int64_t m0 = rb * SF_MR, first = (rb - b0) * share;
+        for (int64_t rb = g.b0; rb < g.b1; ++rb) {
+          const int64_t m0 = rb * SF_MR, first = (rb - g.b0) * share;
           const int64_t pf = more ? std::max<int64_t>(0, std::min(share, lines - first)) : 0;
           tiles[std::min<int64_t>(SF_MR, M - m0) - 1](A + m0 * lda + k0, lda, w, C + m0 * ldc, ldc, bias, k0 > 0, n0,
                                                       nn, kk, w + kk * SF_PANEL + first * 16, pf);
@@ -384,7 +396,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static inline void sf_amx_block(
 
 __attribute__((target("amx-tile,amx-bf16"))) static void sf_linear_rows_amx(
     const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias, sf_bf16* C, int64_t ldc, int64_t M,
-    int64_t N, int64_t K, int64_t act) {
+    int64_t N, int64_t K, int64_t act, bool rows_first) {
   const int64_t panels = (N + SF_PANEL - 1) / SF_PANEL, blocks = (M + 15) / 16;
   const int64_t kp = SF_PAIRS(K) * 2, step = kp * SF_PANEL;  // K padded; bf16 elements in one panel
   // a block of A is read in place when it is whole (16 rows, K a multiple of 32); the others
@@ -393,15 +405,16 @@ __attribute__((target("amx-tile,amx-bf16"))) static void sf_linear_rows_amx(
   std::unique_ptr<sf_bf16[]> padded(copied ? new sf_bf16[copied * 16 * kp]() : nullptr);
   for (int64_t m = first_copied * 16; m < M; ++m)
     std::memcpy(padded.get() + (m - first_copied * 16) * kp, A + m * lda, K * sizeof(sf_bf16));
-#pragma omp parallel if (panels > 1)
+  const int64_t team = sf_grid::threads(panels, blocks, rows_first);
+#pragma omp parallel num_threads(team) if (team > 1)
   {
     static const sf_tile_config config;
     _tile_loadconfig(&config);
     alignas(64) float out[16][SF_PANEL];
-#pragma omp for schedule(static)
-    for (int64_t p = 0; p < panels; ++p) {
+    const sf_grid g = sf_grid::mine(panels, blocks, rows_first);
+    for (int64_t p = g.p0; p < g.p1; ++p) {
       const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
-      for (int64_t rb = 0; rb < blocks; ++rb) {
+      for (int64_t rb = g.b0; rb < g.b1; ++rb) {
         const bool own = rb >= first_copied;
         const sf_bf16* a = own ? padded.get() + (rb - first_copied) * 16 * kp : A + rb * 16 * lda;
         sf_amx_block(a, own ? kp : lda, Wp + p * step, K, out);
@@ -413,24 +426,27 @@ __attribute__((target("amx-tile,amx-bf16"))) static void sf_linear_rows_amx(
 }
 #endif
 
-// C[M, N] = act(A[M, K] W^T + bias) for few rows, in bf16; W packed by pack_panels(bf16=True)
-extern "C" void sf_linear_rows_bf16(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias, sf_bf16* C,
-                                    int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act) {
+// C[M, N] = act(A[M, K] W^T + bias) for few rows, in bf16; W packed by pack_panels(bf16=True); the
+// threads on the panels or, with rows_first, on the rows first (sf_grid)
+static void sf_rows_gemm_bf16(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias, sf_bf16* C,
+                              int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first) {
 #if SF_BF16_MULTIPLY == 2
-  if (sf_amx_granted()) return sf_linear_rows_amx(A, lda, Wp, bias, C, ldc, M, N, K, act);
+  if (sf_amx_granted()) return sf_linear_rows_amx(A, lda, Wp, bias, C, ldc, M, N, K, act, rows_first);
 #endif
   const int64_t panels = (N + SF_PANEL - 1) / SF_PANEL, blocks = (M + SF_MR - 1) / SF_MR;
   const int64_t step = SF_PAIRS(K) * 2 * SF_PANEL;  // bf16 elements in one panel
   const int64_t lines = (K + 1) / 2 * 2 * SF_PANEL / 32;  // 64-byte lines the kernel reads of a panel
-  const int64_t share = (lines + blocks - 1) / blocks;
-#pragma omp parallel if (panels > 1)
+  const int64_t team = sf_grid::threads(panels, blocks, rows_first);
+#pragma omp parallel num_threads(team) if (team > 1)
   {
+    const sf_grid g = sf_grid::mine(panels, blocks, rows_first);
+    const int64_t mine = std::max<int64_t>(1, g.b1 - g.b0), share = (lines + mine - 1) / mine;
 #if SF_BF16_MULTIPLY == 1
-    // A widened to float32 by each thread for itself (cheap next to the products; shared, its
-    // rows would cross between cores), its K padded to even with a zero
+    // the thread's rows of A widened to float32 by the thread (cheap next to the products;
+    // shared, its rows would cross between cores), K padded to even with a zero
     const int64_t lda_a = K + K % 2;
     std::unique_ptr<float[]> wide(new float[M * lda_a]);
-    for (int64_t m = 0; m < M; ++m) {
+    for (int64_t m = g.b0 * SF_MR; m < std::min(M, g.b1 * SF_MR); ++m) {
       float* __restrict__ row = wide.get() + m * lda_a;
 #pragma omp simd
       for (int64_t k = 0; k < K; ++k) row[k] = sf_from_bf16(A[m * lda + k]);
@@ -441,17 +457,24 @@ extern "C" void sf_linear_rows_bf16(const sf_bf16* A, int64_t lda, const sf_bf16
     const int64_t lda_a = lda;
     const sf_bf16* a_in = A;
 #endif
-#pragma omp for schedule(static)
-    for (int64_t p = 0; p < panels; ++p) {
+    for (int64_t p = g.p0; p < g.p1; ++p) {
       const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
       const sf_bf16* w = Wp + p * step;
-      for (int64_t m0 = 0, rb = 0; m0 < M; m0 += SF_MR, ++rb) {
-        const int64_t left = std::max<int64_t>(0, std::min(share, lines - rb * share));
-        const int64_t pf = (blocks > 1 && p + 1 < panels) ? left : 0;
+      for (int64_t rb = g.b0; rb < g.b1; ++rb) {
+        const int64_t m0 = rb * SF_MR, first = (rb - g.b0) * share;
+        const int64_t pf = mine > 1 && p + 1 < g.p1 ? std::max<int64_t>(0, std::min(share, lines - first)) : 0;
         sf_tiles_bf16[std::min<int64_t>(SF_MR, M - m0) - 1](a_in + m0 * lda_a, lda_a, w, C + m0 * ldc, ldc, bias, n0,
-                                                            nn, K, act, w + step + rb * share * 32, pf);
+                                                            nn, K, act, w + step + first * 32, pf);
       }
     }
   }
+}
+extern "C" void sf_linear_rows_bf16(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias, sf_bf16* C,
+                                    int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act) {
+  sf_rows_gemm_bf16(A, lda, Wp, bias, C, ldc, M, N, K, act, false);
+}
+extern "C" void sf_linear_rows_bf16_split(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias,
+                                          sf_bf16* C, int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act) {
+  sf_rows_gemm_bf16(A, lda, Wp, bias, C, ldc, M, N, K, act, true);
 }
 """
