@@ -12,6 +12,7 @@ from collections import Counter
 
 from symfuse.ir.dims import fmt
 from symfuse.ir.graph import Graph, print_graph
+from symfuse.options import split_kind
 from symfuse.shape.store import ShapeStore
 
 
@@ -213,7 +214,7 @@ def _steps_section(native) -> list[str]:
                 lib = "oneDNN convolution"
             elif st.weight and st.name in native.host_thresholds:
                 rows = native.thresholds[native.host_thresholds[st.name]]
-                kind = rows.kind.replace("rows", "split")
+                kind = split_kind(rows.kind)
                 split = [t.value for t in native.thresholds.values() if t.kind == kind and t.shape == rows.shape]
                 lib = f"linear: symfuse's row kernel up to {native.limit(st)} rows, oneDNN above"
                 lib += " (weights prepared once)"

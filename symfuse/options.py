@@ -10,6 +10,14 @@ THRESHOLD_KINDS = (
     "linear_rows", "linear_split", "linear_rows_bf16", "linear_split_bf16", "bf16_multiply",
     "attention_keys", "attention_keys_library", "attention_keys_bf16", "attention_keys_library_bf16",
 )  # fmt: skip
+
+
+def split_kind(rows_kind: str) -> str:
+    """The switch point between the row kernel's two thread layouts that goes with a
+    `linear_rows` kind (`linear_rows_bf16` -> `linear_split_bf16`)."""
+    return rows_kind.replace("linear_rows", "linear_split")
+
+
 LIBRARY_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 
 

@@ -22,6 +22,7 @@ from symfuse.codegen.cpu.gemm import activation_code
 from symfuse.codegen.cpu.kernel import KernelSource
 from symfuse.ir.dims import to_python
 from symfuse.ir.dtypes import DType
+from symfuse.options import split_kind
 from symfuse.reference import attr_evaluator
 from symfuse.schedule.attention import AttentionStep
 from symfuse.schedule.layout import View, as_matrix
@@ -177,7 +178,7 @@ class _Host:
                 out.append(f"if {self.py(rows)} <= {th}:")
                 out.append("    " + self.alloc(st.out))
                 # its threads split the panels, or above a switch point the rows first
-                split = kind.replace("rows", "split")
+                split = split_kind(kind)
                 self.code.thresholds[f"th_{split}_{k}_{n}"] = (split, (k, n))
                 call = f"(k.{rows_fn} if {self.py(rows)} <= th_{split}_{k}_{n} else k.{rows_fn}_split)"
                 out.append(

@@ -131,12 +131,17 @@ def _parameters(model) -> list[inspect.Parameter]:
         return []
 
 
+def _positional(params: list[inspect.Parameter]) -> list[str]:
+    """The names of the parameters an input given by position binds to, before `*args`."""
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
 def _flat_inputs(model, args: tuple, kwargs: dict) -> dict[str, Any]:
     """Every input by name: a positional one by its parameter's, those `*args` takes as
     `<args>_<i>` (`xs_0`, `xs_1` for `forward(self, *xs)`), `arg<i>` where forward has no
     signature to read."""
     params = _parameters(model)
-    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = _positional(params)
     rest = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), "arg")
     names = {}
     for i, a in enumerate(args):
@@ -171,7 +176,7 @@ def _for_export(model, inputs: dict[str, Any], n_args: int, specs: dict[str, Any
     params = _parameters(model)
     if not params:
         return model, args, kwargs, tuple(specs[n] for n in names)
-    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = _positional(params)
     keywords = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     var_args = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), None)
     if any(k not in keywords for k in kwargs):  # a keyword that forward's **kwargs takes
@@ -245,7 +250,7 @@ def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
         raise TypeError("example_inputs must be a tensor, a tuple of inputs or a dict of keyword inputs")
     inputs = _flat_inputs(model, args, kwargs)
     decls = parse_dynamic(dynamic, inputs)
-    grown = _unshare(inputs) + _grow_size_one(inputs, decls)
+    changed = _unshare(inputs) + _grow_size_one(inputs, decls)  # what capture did to the example, for explain
     for name, dims in decls.items():
         for d, decl in dims.items():
             size = inputs[name].shape[d]
@@ -268,7 +273,7 @@ def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
         k: ({d: Dim.AUTO for d in decls.get(k, {})} if isinstance(v, torch.Tensor) else None) for k, v in inputs.items()
     }
     exported, args, kwargs, dynamic_shapes = _for_export(model, inputs, len(args), specs)
-    notes = list(grown)
+    notes = list(changed)
     if model.training:
         notes.append("the model was in training mode; it was captured in eval mode")
     was_training = model.training

@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from symfuse.codegen.cpu.target import Target
-from symfuse.options import THRESHOLD_KINDS, Options
+from symfuse.options import THRESHOLD_KINDS, Options, split_kind
 
 log = logging.getLogger("symfuse")
 
@@ -102,7 +102,8 @@ class Calibration:
         self.target, self.opts = target, opts
         self.manual = dict(opts.thresholds)
         self._entries: dict | None = None
-        self._kernels: dict = {}
+        self._kernels: dict = {}  # precision -> the canonical attention program
+        self._helper_lib = None  # _helpers()
         self._path = ""
 
     @property
@@ -129,9 +130,8 @@ class Calibration:
         if kind in self.manual:
             return Threshold(kind, shape, self.manual[kind], BY_HAND)
         key = f"{kind} {'x'.join(map(str, shape))}" + (" streamed" if streamed else "")
-        split = kind.replace("rows", "split")
-        if kind.startswith("linear_rows") and split in self.manual:  # measured with that split
-            key += f" split {self.manual[split]}"
+        if kind.startswith("linear_rows") and split_kind(kind) in self.manual:  # measured with that split
+            key += f" split {self.manual[split_kind(kind)]}"
         entries = self._load()
         e = entries.get(key) or _UNKEPT.get((self.path, key))
         if e is None:
@@ -216,7 +216,7 @@ class Calibration:
             return max(value, same), timings
         if kind.startswith("linear_rows"):  # the row kernel as the host runs it: on panels up to the split
             bf16 = kind == "linear_rows_bf16"
-            split = self.get("linear_split_bf16" if bf16 else "linear_split", shape, streamed).value
+            split = self.get(split_kind(kind), shape, streamed).value
             setup, own, _, library, refresh = self._linear(*shape, streamed, bf16=bf16, split=split)
             return _switch_point(ROWS, setup, own, library, refresh)
         # attention's inputs come hot from the GEMM before it, as back to back here
@@ -305,7 +305,7 @@ class Calibration:
         """A library of two: `sf_rewrite(words, n, x)`, words[i] ^= x over n 32-bit words split
         in blocks between the threads the kernels run on (x = 0 leaves them as they were,
         written), and `sf_threads()`, how many threads the kernels run on."""
-        if "helpers" not in self._kernels:
+        if self._helper_lib is None:
             import ctypes
 
             from symfuse.codegen.cpu.build import build
@@ -321,8 +321,8 @@ class Calibration:
             lib = ctypes.CDLL(build(source, self.target, self.opts)[0])
             lib.sf_rewrite.argtypes, lib.sf_rewrite.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint32], None
             lib.sf_threads.argtypes, lib.sf_threads.restype = [], ctypes.c_int
-            self._kernels["helpers"] = lib
-        return self._kernels["helpers"]
+            self._helper_lib = lib
+        return self._helper_lib
 
     def _attention(self, d: int, library: bool, bf16: bool = False):
         be = self.kernels("bf16" if bf16 else "fp32")
