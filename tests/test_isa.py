@@ -86,15 +86,16 @@ def _row_gemm_at_odd_shapes(target, fn, isa):
                            c.data_ptr(), n, m, n, k, code)  # fmt: skip
                         want = ACTS[name](torch.nn.functional.linear(a, w, b))
                         assert torch.allclose(c, want, rtol=1e-4, atol=1e-5), (isa, m, n, k, name)
-    # K in chunks of tile.chunk steps (the last one short) while the rows are at most two
+    # K in chunks of tile.chunk steps (the last one short) while a thread's rows are at most two
     # chunks' worth, then in one piece; the next chunk prefetched by the tiles of 13 rows, not
-    # by those of 2 * kc rows (more than SF_PF_BLOCKS blocks)
+    # by those of 2 * kc rows on panels (more than SF_PF_BLOCKS blocks); on rows first, 4 * kc + 1
+    # rows are more than two chunks' worth a thread on 2 threads, fewer on 3 or more
     kc = tile.chunk
     for n in (p - 1, 2 * p + target.lanes + 1):
         for k in (kc - 1, kc + 5, 2 * kc + 3):
             w, bias = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
             wp = pack_panels(w, p)
-            for m in (1, 13, 2 * kc, 2 * kc + 1):
+            for m in (1, 13, 2 * kc, 2 * kc + 1, 4 * kc + 1):
                 a = torch.randn(m, k + 3, generator=gen)[:, :k]
                 for name in ("none", "gelu"):
                     for b in (bias, None):

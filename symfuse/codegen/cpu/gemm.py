@@ -1,8 +1,8 @@
 """symfuse's own GEMM for linear layers over few rows, where streaming the weights is the
 cost: all rows pass over each chunk of a panel of packed weights while it sits in L1 (two
-thirds of it), the next chunk is prefetched meanwhile (up to 96 rows on AVX-512; past them
-the hardware's prefetchers keep up, and the tiles run without the bookkeeping, as the
-merged attention's do), and bias and activation are applied
+thirds of it), the next chunk is prefetched meanwhile (while a thread has up to 192 rows on
+AVX-512; past them the hardware's prefetchers keep up, and the tiles run without the
+bookkeeping, as the merged attention's do), and bias and activation are applied
 to the tile while it is in registers and cache. The host picks it or oneDNN per call from
 the row count, at a switch point measured on the machine (`calibrate.py`).
 
@@ -118,10 +118,11 @@ _SOURCE = r"""
 #define SF_MR @MR@
 #define SF_NV @NV@
 #define SF_PANEL (SF_NV * SF_LANES)
-// the next chunk is prefetched for at most this many blocks of rows; past them the products
-// take long enough for the hardware's prefetchers, and the bookkeeping only costs (cold
-// weights, 2 threads: 192-384 rows 0-9% faster without it, 64 rows 3-14% slower)
-#define SF_PF_BLOCKS 16
+// the next chunk is prefetched while a thread has at most this many blocks of rows; past them
+// the products take long enough for the hardware's prefetchers, and the bookkeeping only costs
+// (in BERT-base and GPT-2, weights cold and the input just written a block of rows per thread,
+// 2 threads: 128-192 rows a thread 5-10% faster with it, 512 rows 0-4% slower)
+#define SF_PF_BLOCKS 32
 #define SF_KC @KC@  // steps of K in one chunk of a panel (SF_KC * SF_PANEL floats: two thirds of L1)
 template <int MR, bool PF>
 static inline void sf_tile(const float* __restrict__ A, int64_t lda, const float* __restrict__ w,
@@ -214,13 +215,14 @@ struct sf_grid {
 static void sf_rows_gemm(const float* A, int64_t lda, const float* Wp, const float* bias, float* C, int64_t ldc,
                          int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first) {
   const int64_t panels = (N + SF_PANEL - 1) / SF_PANEL, blocks = (M + SF_MR - 1) / SF_MR;
-  // in chunks while the panel's block of C (added to once a chunk) is at most two chunks' size
-  const int64_t kc = M <= 2 * SF_KC ? std::min<int64_t>(K, SF_KC) : K;
-  const int64_t lines = kc * SF_PANEL / 16;  // 64-byte lines in one chunk
   const int64_t team = sf_grid::threads(panels, blocks, rows_first);
 #pragma omp parallel num_threads(team) if (team > 1)
   {
     const sf_grid g = sf_grid::mine(panels, blocks, rows_first);
+    // in chunks while the thread's block of C in the panel (added to once a chunk) is at most two
+    // chunks' size
+    const int64_t kc = (g.b1 - g.b0) * SF_MR <= 2 * SF_KC ? std::min<int64_t>(K, SF_KC) : K;
+    const int64_t lines = kc * SF_PANEL / 16;  // 64-byte lines in one chunk
     // lines of the next chunk a block of rows prefetches
     const int64_t mine = std::max<int64_t>(1, g.b1 - g.b0), share = (lines + mine - 1) / mine;
     for (int64_t p = g.p0; p < g.p1; ++p) {
