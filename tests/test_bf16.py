@@ -14,9 +14,9 @@ import torch.nn.functional as F
 
 import symfuse
 from symfuse.api import CompiledModule
-from symfuse.codegen.compile import compile_program
+from symfuse.codegen.compile import compile_program, generate
 from symfuse.codegen.cpu import target as tg
-from symfuse.codegen.cpu.calibrate import row_kernel
+from symfuse.codegen.cpu.calibrate import Threshold, canonical_attention, row_kernel
 from symfuse.codegen.cpu.gemm import ACTIVATIONS, BF16_MULTIPLY, bf16_multiplies, has_bf16_rows, pack_panels, tile_for
 from symfuse.codegen.precision import cpu_bf16_missing
 from symfuse.ir.dtypes import DType
@@ -111,13 +111,23 @@ def _bf16_row_gemm_at_odd_shapes(fn, multiply):
                         assert torch.allclose(c.float(), exact, rtol=1e-2, atol=1e-2), (multiply, m, n, k, name)
 
 
-@pytest.mark.parametrize("isa", RUNNABLE)
-def test_bf16_merged_attention_at_odd_shapes(isa, cache):
-    # no all-padding sentence: its rows are zeros, which have no cosine
-    options = lambda limit: forced(cache, limit)  # noqa: E731
-    for case, want, got in merged_attention_cases(isa, options, ATTENTION_SHAPES, False, force_precision=True):
+@pytest.mark.parametrize(
+    "isa, multiply", [(i, m) for i in RUNNABLE for m in ((0, 1) if has_bf16_rows(tg.detect("g++", i)) else (0,))]
+)
+def test_bf16_merged_attention_at_odd_shapes(isa, multiply, cache):
+    # the merged kernel multiplies by vdpbf16ps (bf16 pairs: odd head sizes and key counts
+    # padded) where the row kernel does, else (or without AVX512-BF16) on values widened to
+    # float; past one panel of keys (65, 150) and of value columns (80). No all-padding
+    # sentence: its rows are zeros, which have no cosine
+    target = tg.detect("g++", isa)
+    way = Threshold("bf16_multiply", (), multiply, "test")
+    source = generate(*canonical_attention(), target, "bf16", way).source
+    assert ("sf_tiles_dp[mr - 1]" in source) == (has_bf16_rows(target) and multiply == 0)
+    shapes = ATTENTION_SHAPES + [(1, 12, 65, 20), (1, 2, 150, 24), (2, 1, 9, 80)]
+    options = lambda limit: forced(cache, limit, multiply)  # noqa: E731
+    for case, want, got in merged_attention_cases(isa, options, shapes, False, force_precision=True):
         for w, o in zip(want, got):
-            assert cosine_rows(o, w) > 0.999 and rel_err(o, w) < 3e-2, (isa, *case)
+            assert cosine_rows(o, w) > 0.999 and rel_err(o, w) < 3e-2, (isa, multiply, *case)
 
 
 @pytest.fixture(scope="module")

@@ -127,12 +127,15 @@ def generate(
     storage = half_storage(sched, PRECISIONS[precision])
     symbols = list(store.symbols)
     natives = native_steps(sched)
+    bf16 = precision == "bf16" and has_bf16_rows(target)
+    multiply = bf16_multiply.value if bf16 and bf16_multiply else 0
+    dp = bf16 and BF16_MULTIPLY[multiply] == "vdpbf16ps"  # the merged attention's GEMMs by vdpbf16ps too
     kernels: dict[str, KernelSource] = {}
     gathers: list[str] = []
     for st in natives:
         try:
             if isinstance(st, AttentionStep):
-                kernels[st.name] = emit_attention(st, sched.buffers, symbols, gathers)
+                kernels[st.name] = emit_attention(st, sched.buffers, symbols, gathers, dp)
             else:
                 kernels[st.name] = emit_kernel(st, sched.buffers, symbols, gathers)
         except CodegenError as e:
@@ -148,7 +151,6 @@ def generate(
                 continue
             sched.notes.append(f"{st.name} runs its tensor expressions through torch: {e}")
     kernels = share(kernels, set(sched.buffers) | {it.name for it in prog.items})
-    bf16 = precision == "bf16" and has_bf16_rows(target)
     host = generate_host(sched, kernels, symbols, bf16_rows=bf16)
     host.bf16_multiply = bf16_multiply if bf16 else None
     if storage:
@@ -157,7 +159,6 @@ def generate(
     tile = tile_for(target)
     # the GEMM micro-kernel only where a step calls it: it is most of a small library's build time
     merged = any(isinstance(st, AttentionStep) and st.name in kernels for st in sched.steps)
-    multiply = host.bf16_multiply.value if host.bf16_multiply else 0
     gemm = gemm_source(tile, bf16, multiply) if host.panels or merged else ""
     own = "\n\n".join(k.source for k in kernels.values() if not k.function)
     source = preamble(target) + gemm + "\n" + own + "\n"

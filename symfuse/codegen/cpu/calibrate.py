@@ -229,9 +229,11 @@ class Calibration:
             from symfuse.codegen.compile import compile_program
 
             graph, store = canonical_attention()
-            forced = replace(
-                self.opts, thresholds=tuple((k, 0) for k in THRESHOLD_KINDS), dump_dir="", precision=precision
-            )
+            # every switch point at 0 but the bf16 multiply (measured, or as set by hand), which
+            # shapes the merged kernel in bf16
+            zero = tuple((k, 0) for k in THRESHOLD_KINDS if k != "bf16_multiply")
+            by_hand = tuple((k, v) for k, v in self.manual.items() if k == "bf16_multiply")
+            forced = replace(self.opts, thresholds=zero + by_hand, dump_dir="", precision=precision)
             self._kernels[precision] = compile_program(graph, store, forced, target=self.target, force_precision=True)
         return self._kernels[precision]
 

@@ -103,7 +103,10 @@ def gemm_source(tile: Tile, bf16: bool = False, multiply: int = 0) -> str:
     out = _SOURCE
     if bf16:
         table = ", ".join(f"sf_tile_bf16<{m}>" for m in range(1, tile.rows + 1))
-        out += _BF16_SOURCE.replace("@TABLE_BF16@", table).replace("@MULTIPLY@", str(multiply))
+        dp = ", ".join(f"sf_tile_dp<{m}>" for m in range(1, tile.rows + 1))
+        out += (
+            _BF16_SOURCE.replace("@TABLE_BF16@", table).replace("@TABLE_DP@", dp).replace("@MULTIPLY@", str(multiply))
+        )
     out = out.replace("@MR@", str(tile.rows)).replace("@NV@", str(tile.vectors))
     for key, pf in (("@TABLE@", "false"), ("@TABLE_PF@", "true")):
         out = out.replace(key, ", ".join(f"sf_tile<{m}, {pf}>" for m in range(1, tile.rows + 1)))
@@ -290,6 +293,55 @@ typedef float sf_bf16_a;  // A as the tile reads it
 #else
 typedef sf_bf16 sf_bf16_a;
 #endif
+#if SF_BF16_MULTIPLY != 1
+// acc[MR][SF_NV] += A[MR, K] W by vdpbf16ps, a pair of k steps per instruction: A bf16 rows, W one
+// panel of pairs (an odd K's last step meets W's zero-padded pair); pf_lines lines from `pf` on
+// are prefetched meanwhile, spread over the pairs
+template <int MR>
+static inline __attribute__((always_inline)) void sf_dp(const sf_bf16* __restrict__ A, int64_t lda,
+                                                        const sf_bf16* __restrict__ w, int64_t K,
+                                                        __m512 (&acc)[MR][SF_NV], const sf_bf16* __restrict__ pf,
+                                                        int64_t pf_lines) {
+  const int64_t pairs = (K + 1) / 2;
+  int64_t pf_due = 0, pf_next = 0;
+  auto step = [&](int64_t k2, bool whole) __attribute__((always_inline)) {
+    __m512bh wv[SF_NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < SF_NV; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(w + (k2 * SF_PANEL + j * SF_LANES) * 2);
+    for (pf_due += pf_lines; pf_due >= pairs; pf_due -= pairs)
+      __builtin_prefetch(pf + 32 * pf_next++, 0, 2);
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      uint32_t pair = A[m * lda + 2 * k2];  // an odd K's last step: one element, W's pair is zero-padded
+      if (whole) std::memcpy(&pair, A + m * lda + 2 * k2, sizeof pair);
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(int32_t(pair));
+#pragma GCC unroll 4
+      for (int j = 0; j < SF_NV; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], a, wv[j]);
+    }
+  };
+  for (int64_t k2 = 0; k2 < K / 2; ++k2) step(k2, true);
+  if (K % 2) step(K / 2, false);
+}
+
+// C[MR, SF_PANEL] = A[MR, K] W in float, by vdpbf16ps (the merged attention's GEMMs in bf16)
+template <int MR>
+static inline void sf_tile_dp(const sf_bf16* __restrict__ A, int64_t lda, const sf_bf16* __restrict__ w,
+                              float* __restrict__ C, int64_t ldc, int64_t K) {
+  __m512 acc[MR][SF_NV];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+    for (int j = 0; j < SF_NV; ++j) acc[m][j] = _mm512_setzero_ps();
+  sf_dp<MR>(A, lda, w, K, acc, nullptr, 0);
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+    for (int j = 0; j < SF_NV; ++j) _mm512_storeu_ps(C + m * ldc + SF_LANES * j, acc[m][j]);
+}
+typedef void (*sf_tile_dp_fn)(const sf_bf16*, int64_t, const sf_bf16*, float*, int64_t, int64_t);
+static const sf_tile_dp_fn sf_tiles_dp[SF_MR] = {@TABLE_DP@};
+#endif
+
 template <int MR>
 static inline void sf_tile_bf16(const sf_bf16_a* __restrict__ A, int64_t lda, const sf_bf16* __restrict__ w,
                                 sf_bf16* __restrict__ C, int64_t ldc, const sf_bf16* __restrict__ bias, int64_t n0,
@@ -300,9 +352,9 @@ static inline void sf_tile_bf16(const sf_bf16_a* __restrict__ A, int64_t lda, co
   for (int m = 0; m < MR; ++m)
 #pragma GCC unroll 4
     for (int j = 0; j < SF_NV; ++j) acc[m][j] = _mm512_setzero_ps();
+#if SF_BF16_MULTIPLY == 1
   const int64_t pairs = (K + 1) / 2;
   int64_t pf_due = 0, pf_next = 0;  // a share of the next panel, fetched while this one computes
-#if SF_BF16_MULTIPLY == 1
   const __m512i high = _mm512_set1_epi32(int32_t(0xffff0000u));
   for (int64_t k2 = 0; k2 < pairs; ++k2) {
     for (pf_due += pf_lines; pf_due >= pairs; pf_due -= pairs)
@@ -324,23 +376,7 @@ static inline void sf_tile_bf16(const sf_bf16_a* __restrict__ A, int64_t lda, co
     }
   }
 #else
-  auto step = [&](int64_t k2, bool whole) __attribute__((always_inline)) {
-    __m512bh wv[SF_NV];
-#pragma GCC unroll 4
-    for (int j = 0; j < SF_NV; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(w + (k2 * SF_PANEL + j * SF_LANES) * 2);
-    for (pf_due += pf_lines; pf_due >= pairs; pf_due -= pairs)
-      __builtin_prefetch(pf + 32 * pf_next++, 0, 2);
-#pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) {
-      uint32_t pair = A[m * lda + 2 * k2];  // an odd K's last step: one element, W's pair is zero-padded
-      if (whole) std::memcpy(&pair, A + m * lda + 2 * k2, sizeof pair);
-      const __m512bh a = (__m512bh)_mm512_set1_epi32(int32_t(pair));
-#pragma GCC unroll 4
-      for (int j = 0; j < SF_NV; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], a, wv[j]);
-    }
-  };
-  for (int64_t k2 = 0; k2 < K / 2; ++k2) step(k2, true);
-  if (K % 2) step(K / 2, false);
+  sf_dp<MR>(A, lda, w, K, acc, pf, pf_lines);
 #endif
   float out[MR][SF_PANEL];  // the tile in float: bias and activation, then rounded once
 #pragma GCC unroll 4
