@@ -123,6 +123,29 @@ def test_run_reports_missing_and_failing_engines_and_rotates(tmp_path):
     assert os.path.getsize(paths["plot"]) > 1000
 
 
+def test_profile_covers_each_symfuse_engine(tmp_path):
+    """`--profile` profiles every symfuse engine (each precision its own table), no peer."""
+    log = []
+
+    def launch(engine, model, log_path, env):
+        def script(binding):
+            step = {"op": f"linear ({engine})", "calls": 2, "seconds": 1e-3, "bytes": 0, "flops": 3e8}
+            return {"times_ms": [1.0], "err": 0.0, "profile": [step]}
+
+        return FakeWorker(engine, script, log), {"status": "ready"}
+
+    engines = ["symfuse", "symfuse-bf16", "eager"]
+    cfg = Config("bert-small", engines, [dict(B=1, S=16)], 1, out_dir=str(tmp_path), profile=True)
+    result = harness.run(cfg, launch=launch)
+    assert [n for n, cmd, _ in log if cmd == "profile"] == ["symfuse", "symfuse-bf16"]
+    result["physics"] = {"copy_gbps": 40.0, "sgemm_gflops": 300.0, "sgemm_n": 2048}
+    text = report.terminal(result)
+    for n in ("symfuse", "symfuse-bf16"):
+        assert f"profile of one {n} call at" in text and f"linear ({n})" in text
+    assert "300.0" in text and "100% of SGEMM" in text  # 3e8 FLOP in 1 ms
+    assert "Profile of one symfuse-bf16 call" in report.markdown(result)
+
+
 def test_isa_holds_symfuse_and_its_libraries_to_it_and_leaves_the_peers(tmp_path):
     envs = {}
     cfg = Config("bert-small", ["symfuse", "eager"], [dict(B=1, S=16)], rounds=1, out_dir=str(tmp_path), isa="avx2")

@@ -214,7 +214,7 @@ def run(
     os.makedirs(logs, exist_ok=True)
     results = {n: EngineResult(n) for n in cfg.engines}
     workers: dict[str, Worker] = {}
-    profile = None
+    profile: dict[str, list] = {}  # symfuse engine -> its steps' profile
     try:
         for n in cfg.engines:
             progress(f"preparing {n}")
@@ -259,10 +259,9 @@ def run(
         for n, w in workers.items():
             st = w.request({"cmd": "stats"})
             results[n].recompiles, results[n].peak_rss_mb = st.get("recompiles"), st.get("peak_rss_mb")
-        ours = next((n for n in workers if n.startswith("symfuse")), None)
-        if cfg.profile and ours:
-            progress(f"profiling {ours}")
-            profile = workers[ours].request({"cmd": "profile", "binding": cfg.bindings[-1]}).get("profile")
+        for n in [n for n in workers if n.startswith("symfuse")] if cfg.profile else []:  # each precision
+            progress(f"profiling {n}")
+            profile[n] = workers[n].request({"cmd": "profile", "binding": cfg.bindings[-1]}).get("profile")
     finally:
         for w in workers.values():
             w.close()
@@ -270,6 +269,6 @@ def run(
         "config": cfg.__dict__,
         "engines": {n: r.__dict__ for n, r in results.items()},
         "rows": summarize(results, cfg.bindings),
-        "profile": profile,
+        "profile": profile or None,
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }

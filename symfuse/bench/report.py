@@ -83,10 +83,12 @@ def physics_text(p: dict) -> str:
     return text + (f"\n\nmachine: {p['machine']}" if p.get("machine") else "")
 
 
-def profile_lines(result: dict) -> list[list[str]]:
-    p, phys = result.get("profile"), result.get("physics") or {}
-    if not p:
-        return []
+def profiles(result: dict) -> dict[str, list[list[str]]]:
+    """Each profiled symfuse engine's table rows."""
+    return {n: profile_lines(p, result.get("physics") or {}) for n, p in (result.get("profile") or {}).items() if p}
+
+
+def profile_lines(p: list[dict], phys: dict) -> list[list[str]]:
     rows = []
     for s in p[:15]:
         sec = s["seconds"] or 1e-12
@@ -122,13 +124,9 @@ def terminal(result: dict) -> str:
         _text_table(*shape_table(result)),
     ]
     parts += ["", _text_table(ENGINE_HEADER, engine_lines(result)), "", physics_text(result.get("physics", {}))]
-    prof = profile_lines(result)
-    if prof:
-        parts += [
-            "",
-            f"profile of one symfuse call at {result['config']['bindings'][-1]}:",
-            _text_table(PROFILE_HEADER, prof),
-        ]
+    for name, prof in profiles(result).items():
+        at = result["config"]["bindings"][-1]
+        parts += ["", f"profile of one {name} call at {at}:", _text_table(PROFILE_HEADER, prof)]
     return "\n".join(parts)
 
 
@@ -142,9 +140,8 @@ def markdown(result: dict) -> str:
         _md_table(*shape_table(result, "min")), "", _md_table(ENGINE_HEADER, engine_lines(result)), "",
         physics_text(result.get("physics", {})),
     ]  # fmt: skip
-    prof = profile_lines(result)
-    if prof:
-        parts += ["", _md_table(PROFILE_HEADER, prof)]
+    for name, prof in profiles(result).items():
+        parts += ["", f"Profile of one {name} call at {cfg['bindings'][-1]}:", "", _md_table(PROFILE_HEADER, prof)]
     return "\n".join(parts) + "\n"
 
 
