@@ -112,12 +112,13 @@ class Calibration:
         change to symfuse's kernels (a new tile, say) measures again."""
         if not self._path:
             from symfuse.codegen.compile import generate
-            from symfuse.codegen.cpu.gemm import bf16_multiplies, gemm_source, has_bf16_rows, tile_for
+            from symfuse.codegen.cpu.gemm import bf16_multiplies, has_bf16_rows
 
             source = generate(*canonical_attention(), self.target).source
-            if has_bf16_rows(self.target):
-                source += generate(*canonical_attention(), self.target, "bf16").source
-                source += "".join(gemm_source(tile_for(self.target), True, m) for m in bf16_multiplies(self.target))
+            if has_bf16_rows(self.target):  # each way of multiplying: its row kernel and merged attention
+                for m in bf16_multiplies(self.target):
+                    way = Threshold("bf16_multiply", (), m, "")
+                    source += generate(*canonical_attention(), self.target, "bf16", way).source
             kernels = hashlib.sha256(source.encode()).hexdigest()[:8]
             limits = "".join("-" + re.sub(r"[^a-z0-9_]", "", v.lower()) for _, v in self.opts.library_limits)
             name = f"thresholds-{self.target.key}-{self.target.machine}-{kernels}{limits}.json"
