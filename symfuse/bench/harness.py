@@ -259,7 +259,8 @@ def run(
         for n, w in workers.items():
             st = w.request({"cmd": "stats"})
             results[n].recompiles, results[n].peak_rss_mb = st.get("recompiles"), st.get("peak_rss_mb")
-        for n in [n for n in workers if n.startswith("symfuse")] if cfg.profile else []:  # each precision
+        ours = [n for n in workers if n.startswith("symfuse")]  # each precision
+        for n in ours if cfg.profile else []:
             progress(f"profiling {n}")
             profile[n] = workers[n].request({"cmd": "profile", "binding": cfg.bindings[-1]}).get("profile")
     finally:

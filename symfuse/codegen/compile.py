@@ -129,7 +129,7 @@ def generate(
     natives = native_steps(sched)
     bf16 = precision == "bf16" and has_bf16_rows(target)
     multiply = bf16_multiply.value if bf16 and bf16_multiply else 0
-    dp = bf16 and BF16_MULTIPLY[multiply] == "vdpbf16ps"  # the merged attention's GEMMs by vdpbf16ps too
+    dp = bf16 and multiply == 0  # BF16_MULTIPLY[0], vdpbf16ps: the merged attention's GEMMs by it too
     kernels: dict[str, KernelSource] = {}
     gathers: list[str] = []
     for st in natives:
