@@ -360,7 +360,7 @@ def load(path: str, **options):
     cache_dir, machine_dir, thresholds)."""
     from symfuse.api import CompiledModule
     from symfuse.codegen.compile import Backend, compile_program, generate, link, switch_points
-    from symfuse.codegen.cpu.calibrate import BY_HAND, Threshold
+    from symfuse.codegen.cpu.calibrate import Threshold, by_hand
     from symfuse.codegen.cpu.gemm import Tile
     from symfuse.codegen.cpu.target import Target, detect, machine_id
     from symfuse.frontend.torch_export import Captured
@@ -426,10 +426,7 @@ def load(path: str, **options):
             }
     elif opts.thresholds:  # set by hand now
         manual = dict(opts.thresholds)
-        thresholds = {
-            k: Threshold(v.kind, v.shape, manual[v.kind], BY_HAND) if v.kind in manual else v
-            for k, v in thresholds.items()
-        }
+        thresholds = {k: by_hand(v.kind, v.shape, manual) or v for k, v in thresholds.items()}
     seconds["switch points"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     tile = Tile(**state["tile"])

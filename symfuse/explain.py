@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+from symfuse.codegen.cpu.calibrate import ROWS
 from symfuse.ir.dims import fmt
 from symfuse.ir.graph import Graph, print_graph
 from symfuse.options import split_kind
@@ -217,6 +218,9 @@ def _steps_section(native) -> list[str]:
                 kind = split_kind(rows.kind)
                 split = [t.value for t in native.thresholds.values() if t.kind == kind and t.shape == rows.shape]
                 lib = f"linear: symfuse's row kernel up to {native.limit(st)} rows, oneDNN above"
+                band = native.band(st)
+                if band is not None and band < ROWS[-1]:
+                    lib += f" up to {band} rows, the row kernel again from {band + 1} to {ROWS[-1]}, oneDNN above"
                 lib += " (weights prepared once)"
                 if split:
                     lib += f"; its threads on the weights' panels up to {split[0]} rows, on the rows above"

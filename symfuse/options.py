@@ -7,15 +7,22 @@ from dataclasses import dataclass
 
 # thresholds between kernel versions that can be set by hand (else measured per machine)
 THRESHOLD_KINDS = (
-    "linear_rows", "linear_split", "linear_rows_bf16", "linear_split_bf16", "bf16_multiply",
+    "linear_rows", "linear_split", "linear_library", "linear_rows_bf16", "linear_split_bf16", "linear_library_bf16",
+    "bf16_multiply",
     "attention_keys", "attention_keys_library", "attention_keys_bf16", "attention_keys_library_bf16",
 )  # fmt: skip
 
 
-def split_kind(rows_kind: str) -> str:
+def split_kind(kind: str) -> str:
     """The switch point between the row kernel's two thread layouts that goes with a
-    `linear_rows` kind (`linear_rows_bf16` -> `linear_split_bf16`)."""
-    return rows_kind.replace("linear_rows", "linear_split")
+    `linear_rows` or `linear_library` kind (`linear_rows_bf16` -> `linear_split_bf16`)."""
+    return kind.replace("linear_rows", "linear_split").replace("linear_library", "linear_split")
+
+
+def library_kind(rows_kind: str) -> str:
+    """The switch point back from oneDNN to the row kernel that goes with a `linear_rows` kind
+    (`linear_rows_bf16` -> `linear_library_bf16`)."""
+    return rows_kind.replace("linear_rows", "linear_library")
 
 
 LIBRARY_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")

@@ -18,6 +18,7 @@ import torch
 import symfuse
 from symfuse.artifact import ArtifactError, read_safetensors, write_safetensors
 from symfuse.cli import main
+from symfuse.codegen.cpu.calibrate import ROWS
 from symfuse.models import load as load_case
 from tests.conftest import rel_err
 
@@ -203,6 +204,9 @@ def test_switch_points_measured_on_another_machine_are_measured_again(saved, tmp
     assert all("measured on this machine" in th.source for th in loaded.native.thresholds.values())
     same = symfuse.load(saved[2], thresholds="linear_rows=3")
     assert {th.value for th in same.native.thresholds.values() if th.kind == "linear_rows"} == {3}
+    # with the row kernel's rows by hand, oneDNN above them at every size (no measured band)
+    bands = [th for th in same.native.thresholds.values() if th.kind == "linear_library"]
+    assert bands and all(th.value == ROWS[-1] and "linear_rows set by hand" in th.source for th in bands)
 
 
 def test_two_processes_building_the_same_library_build_it_once(tmp_path):

@@ -196,6 +196,47 @@ def test_attention_versions_agree_with_eager(tmp_path):
         assert symfuse.compile_count() == count
 
 
+def test_linear_layers_run_the_row_kernel_again_above_the_library_band(tmp_path):
+    """A linear layer runs symfuse's row kernel up to `linear_rows` rows, oneDNN up to
+    `linear_library` rows, the row kernel again above that up to the largest size measured,
+    and oneDNN above it: the host picks per call, every version agrees with eager, and no
+    row count recompiles."""
+    from symfuse.codegen.cpu.calibrate import ROWS
+    from symfuse.models import load
+
+    case = load("bert-small")
+    th = {"linear_rows": 8, "linear_library": 24, "linear_split": 6}
+    c = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic, cache_dir=str(tmp_path), thresholds=th)
+    ns = c.native.program._ns
+    library, rows = ns["linear"], []
+
+    def counted(a, *args):  # oneDNN's calls, by their rows
+        rows.append(a.numel() // a.shape[-1])
+        return library(a, *args)
+
+    ns["linear"] = counted
+    assert "row kernel up to 8 rows, oneDNN above up to 24 rows, the row kernel again from 25 to 1024" in c.explain(
+        with_graph=False
+    )
+    count = symfuse.compile_count()
+    for b, s in [(1, 8), (1, 9), (2, 12), (1, 25), (3, 17), (4, 256), (5, 205)]:
+        rows.clear()
+        inputs = case.inputs(B=b, S=s)
+        with torch.no_grad():
+            assert rel_err(c(**inputs), case.model(**inputs)) < 1e-4, (b, s)
+        m = b * s
+        library_rows = set(rows)  # (the pooler's B rows always run the row kernel here)
+        assert library_rows == ({m} if 8 < m <= 24 or m > ROWS[-1] else set()), (b, s, rows)
+        assert all(c.native.runs_own(st, m) == (m not in library_rows) for st in linears(c)), (b, s)
+    assert symfuse.compile_count() == count
+
+
+def linears(c) -> list:
+    from symfuse.schedule.steps import GemmStep
+
+    return [st for st in c.native.schedule.steps if isinstance(st, GemmStep) and st.name in c.native.host_thresholds]
+
+
 def test_kernels_equal_up_to_value_names_share_one_function():
     from symfuse.codegen.compile import share
     from symfuse.codegen.cpu.kernel import KernelSource

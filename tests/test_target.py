@@ -3,6 +3,7 @@ lacks, unknown ISAs and missing or broken compilers are clear errors; the kernel
 keys on the target; switch points are measured once per machine and cached, unless other
 processes took the cores while they were measured."""
 
+import json
 import logging
 import os
 import stat
@@ -205,6 +206,36 @@ def test_switch_points_are_measured_once_and_cached(tmp_path, monkeypatch, quiet
     th = manual.get("linear_rows", (768, 3072))
     assert th.value == 5 and "set by hand" in th.source and len(calls) == 1
     assert "symfuse's row kernel up to 5 rows, oneDNN above (set by hand" in th.describe()
+
+
+def test_a_band_where_the_library_wins_is_measured_above_the_row_kernels_switch_point(tmp_path, monkeypatch, quiet):
+    """Where oneDNN wins only middle sizes, `linear_library` says where the row kernel wins
+    again; where oneDNN wins to the largest size, or the row kernel's rows are set by hand,
+    there is no band."""
+    target = tg.detect("g++")
+    size = {}
+    wins = {"band": lambda m: m <= 32 or m >= 192, "above": lambda m: m <= 32}  # where the row kernel wins
+
+    def linear(self, k, n, streamed, bf16=False, multiply=None, split=1 << 30):
+        own_wins = wins["band" if n == 96 else "above"]
+        setup = lambda m: size.update(m=m)
+        own = lambda: 1.0 if own_wins(size["m"]) else 2.0
+        library = lambda: 3.0 - own()
+        return setup, own, own, library, lambda: None
+
+    monkeypatch.setattr(Calibration, "_linear", linear)
+    cal = Calibration(target, Options(machine_dir=str(tmp_path), thresholds=(("linear_split", 6),)))
+    assert cal.get("linear_rows", (64, 96)).value == 32
+    band = cal.get("linear_library", (64, 96))
+    assert band.value == 128 and "oneDNN up to 128 rows, the row kernel again above up to 1024" in band.describe()
+    assert sorted(
+        map(int, json.loads((tmp_path / os.listdir(tmp_path)[0]).read_text())["linear_library 64x96 split 6"]["ms"])
+    ) == [48, 64, 96, 128, 192, 256]
+    assert cal.get("linear_library", (64, 80)).value == ROWS[-1]
+    assert "oneDNN at every size" in cal.get("linear_library", (64, 80)).describe()
+    manual = Calibration(target, Options(machine_dir=str(tmp_path), thresholds=(("linear_rows", 5),)))
+    th = manual.get("linear_library", (64, 96))
+    assert th.value == ROWS[-1] and th.source == "linear_rows set by hand (thresholds / SYMFUSE_THRESHOLDS)"
 
 
 def test_switch_points_measured_on_a_busy_machine_are_used_but_not_kept(tmp_path, monkeypatch, caplog):

@@ -114,7 +114,7 @@ def profile_symfuse(compiled, inputs: dict) -> list[dict]:
         if isinstance(st, AttentionStep):
             q, k, v = st.scores.a.sizes, st.scores.b.sizes, st.context.b.sizes
             keys = evaluate(k[-1], binding)
-            if keys <= be.limit(st):
+            if be.runs_own(st, keys):
                 label = "attention (merged kernel)"
             else:
                 label = "attention (torch fused)" if st.library else "attention (three steps)"
@@ -126,7 +126,7 @@ def profile_symfuse(compiled, inputs: dict) -> list[dict]:
                 label, k = "convolution (oneDNN)", numel(st.b.sizes[1:])
             elif st.weight is not None:
                 k = evaluate(st.a.sizes[-1], binding)
-                own = be.limit(st) is not None and numel(out[:-1]) <= be.limit(st)
+                own = be.runs_own(st, numel(out[:-1]))
                 label = "linear (row kernel)" if own else "linear (oneDNN)"
             else:
                 label, k = "batched matmul (torch)", evaluate(st.a.sizes[-1], binding)

@@ -20,7 +20,7 @@ import torch
 from symfuse.codegen.cpu.attention import emit_attention
 from symfuse.codegen.cpu.build import build, kernel_caller
 from symfuse.codegen.cpu.c import CodegenError, preamble
-from symfuse.codegen.cpu.calibrate import Calibration, Threshold
+from symfuse.codegen.cpu.calibrate import ROWS, Calibration, Threshold
 from symfuse.codegen.cpu.gemm import BF16_MULTIPLY, Tile, gemm_source, has_bf16_rows, pack_panels, tile_for
 from symfuse.codegen.cpu.kernel import KernelSource, emit_kernel
 from symfuse.codegen.cpu.target import Target, detect
@@ -82,6 +82,21 @@ class Backend:
         """Up to which size (rows or keys) `step` runs symfuse's own version, or None if it has one."""
         name = self.host_thresholds.get(step.name)
         return self.thresholds[name].value if name else None
+
+    def band(self, step) -> int | None:
+        """For a linear step with two versions: up to which rows oneDNN runs above `limit`
+        before the row kernel runs again (up to `ROWS[-1]`); None for other steps."""
+        name = self.host_thresholds.get(step.name, "")
+        th = self.thresholds.get(name.replace("linear_rows", "linear_library"))
+        return th.value if name.startswith("th_linear_rows") and th is not None else None
+
+    def runs_own(self, step, size: int) -> bool:
+        """Whether `step` runs symfuse's own version at `size` (rows of a linear layer, keys of
+        attention), as the host code picks it."""
+        limit, band = self.limit(step), self.band(step)
+        if limit is None:
+            return False
+        return size <= limit or (band is not None and band < size <= ROWS[-1])
 
 
 def native_steps(sched: Schedule) -> list:

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 import sympy
 
 from symfuse import ops
-from symfuse.codegen.cpu.calibrate import ANY_HEAD, Threshold
+from symfuse.codegen.cpu.calibrate import ANY_HEAD, ROWS, Threshold
 from symfuse.codegen.cpu.gemm import activation_code
 from symfuse.codegen.cpu.kernel import KernelSource
 from symfuse.ir.dims import to_python
 from symfuse.ir.dtypes import DType
-from symfuse.options import split_kind
+from symfuse.options import library_kind, split_kind
 from symfuse.reference import attr_evaluator
 from symfuse.schedule.attention import AttentionStep
 from symfuse.schedule.layout import View, as_matrix
@@ -175,7 +175,11 @@ class _Host:
                 act = activation_code(st.postop)
                 kind = "linear_rows" if dtype is DType.float32 else "linear_rows_bf16"
                 th = self.threshold(st.name, kind, (k, n))
-                out.append(f"if {self.py(rows)} <= {th}:")
+                # oneDNN above the switch point, or in a band above it and the row kernel again
+                # above the band up to the largest size measured (calibrate.py)
+                band = f"th_{library_kind(kind)}_{k}_{n}"
+                self.code.thresholds[band] = (library_kind(kind), (k, n))
+                out.append(f"if {self.py(rows)} <= {th} or {band} < {self.py(rows)} <= {ROWS[-1]}:")
                 out.append("    " + self.alloc(st.out))
                 # its threads split the panels, or above a switch point the rows first
                 split = split_kind(kind)

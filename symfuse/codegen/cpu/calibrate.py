@@ -12,7 +12,12 @@ kernels:
   rotated through more memory than the L3 cache when the model's weights do not fit it
   (they stream from memory when a model runs) and kept hot when they do; first the row
   kernel with its threads on the weights' panels against its threads on the rows
-  (`linear_split`, `linear_split_bf16`), which the row kernel is then timed as;
+  (`linear_split`, `linear_split_bf16`), which the row kernel is then timed as; then, above
+  the row kernel's switch point (`linear_rows`), oneDNN against the row kernel once more
+  (`linear_library`, `linear_library_bf16`): on some CPUs the library wins a band of middle
+  sizes only (AMD Zen 4: 64-192 rows of BERT-base's FFN layers, the row kernel 2-4% faster
+  again from 384), so the row kernel runs again above the band, up to the largest size
+  measured; oneDNN, which blocks for any size, runs above that;
 - how the bf16 row kernel multiplies (`bf16_multiply`): `vdpbf16ps`, FMA on weights widened
   to float32 (some CPUs run `vdpbf16ps` at half their FMA rate) or, where the CPU has them,
   AMX tiles; each timed on a 768x768 layer over 48 rows, once per machine, the fastest kept;
@@ -87,12 +92,32 @@ class Threshold:
             k, n = self.shape
             bf16 = " bf16" if self.kind == "linear_rows_bf16" else ""
             what = f"linear {k}->{n}: symfuse's{bf16} row kernel up to {self.value} rows, oneDNN{bf16} above"
+        elif self.kind.startswith("linear_library"):
+            k, n = self.shape
+            bf16 = " bf16" if self.kind == "linear_library_bf16" else ""
+            what = f"linear {k}->{n}: above the{bf16} row kernel's rows, oneDNN{bf16} " + (
+                f"up to {self.value} rows, the row kernel again above up to {ROWS[-1]}, oneDNN above that"
+                if self.value < ROWS[-1]
+                else "at every size"
+            )
         else:
             library = self.kind.startswith("attention_keys_library")
             other = "torch's fused attention" if library else "the three steps"
             bf16 = " bf16" if self.kind.endswith("_bf16") else ""
             what = f"attention{bf16}, head size {self.shape[0]}: merged kernel up to {self.value} keys, {other} above"
         return f"{what} ({self.source})"
+
+
+def by_hand(kind: str, shape: tuple[int, ...], manual: dict[str, int]) -> Threshold | None:
+    """The switch point `kind` as the thresholds set by hand (`manual`) make it, or None where
+    they leave it to measuring. With the row kernel's rows set by hand and no band, oneDNN
+    runs at every size above them (no band)."""
+    if kind in manual:
+        return Threshold(kind, shape, manual[kind], BY_HAND)
+    rows_kind = kind.replace("linear_library", "linear_rows")
+    if kind.startswith("linear_library") and rows_kind in manual:
+        return Threshold(kind, shape, ROWS[-1], f"{rows_kind} {BY_HAND}")
+    return None
 
 
 class Calibration:
@@ -128,11 +153,12 @@ class Calibration:
     def get(self, kind: str, shape: tuple[int, ...], streamed: bool = False) -> Threshold:
         if kind not in THRESHOLD_KINDS:
             raise ValueError(f"unknown threshold kind {kind!r}")
-        if kind in self.manual:
-            return Threshold(kind, shape, self.manual[kind], BY_HAND)
+        manual = by_hand(kind, shape, self.manual)
+        if manual is not None:
+            return manual
         key = f"{kind} {'x'.join(map(str, shape))}" + (" streamed" if streamed else "")
-        if kind.startswith("linear_rows") and split_kind(kind) in self.manual:  # measured with that split
-            key += f" split {self.manual[split_kind(kind)]}"
+        if kind.startswith(("linear_rows", "linear_library")) and split_kind(kind) in self.manual:
+            key += f" split {self.manual[split_kind(kind)]}"  # measured with that split
         entries = self._load()
         e = entries.get(key) or _UNKEPT.get((self.path, key))
         if e is None:
@@ -220,6 +246,16 @@ class Calibration:
             split = self.get(split_kind(kind), shape, streamed).value
             setup, own, _, library, refresh = self._linear(*shape, streamed, bf16=bf16, split=split)
             return _switch_point(ROWS, setup, own, library, refresh)
+        if kind.startswith("linear_library"):  # above the row kernel's switch point: oneDNN up to where?
+            bf16 = kind == "linear_library_bf16"
+            low = self.get(kind.replace("linear_library", "linear_rows"), shape, streamed).value
+            above = [m for m in ROWS if m > low]
+            if not above:
+                return ROWS[-1], {}
+            split = self.get(split_kind(kind), shape, streamed).value
+            setup, own, _, library, refresh = self._linear(*shape, streamed, bf16=bf16, split=split)
+            value, timings = _switch_point(above, setup, library, own, refresh)
+            return max(value, low), timings  # oneDNN lost at once: the row kernel at every size measured
         # attention's inputs come hot from the GEMM before it, as back to back here
         library, bf16 = kind.startswith("attention_keys_library"), kind.endswith("_bf16")
         return _switch_point(KEYS, *self._attention(shape[0], library, bf16))
