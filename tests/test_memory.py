@@ -60,3 +60,33 @@ def test_resident_memory_over_ten_thousand_calls():
     growth = rss_mb() - before
     print(f"\nRSS growth over 10,000 calls: {growth:.2f} MB")
     assert growth < 8, f"resident memory grew {growth:.1f} MB over 10,000 calls"
+
+
+def test_large_outputs_take_the_memory_of_outputs_the_caller_has_dropped():
+    """An output of 1 MiB or more is written into the memory of the last output of its size
+    once the caller holds no tensor on it (a fresh allocation that large is faulted in page by
+    page while the kernel writes it); never while the caller holds it or a view of it."""
+    import symfuse
+
+    norm = torch.nn.LayerNorm(512).eval()
+    c = symfuse.compile(norm, (torch.randn(4, 512),), ({0: "N"},))
+    x = torch.randn(1024, 512)  # a 2 MiB output
+    with torch.no_grad():
+        want = norm(x)
+
+    first = c(x)
+    second = c(x)  # the first is held: other memory
+    assert second.data_ptr() != first.data_ptr()
+    view = second[3:]
+    del first, second
+    third = c(x)  # a view of the second is held: other memory again
+    assert third.data_ptr() != view.data_ptr() - 3 * 512 * 4
+    reused = third.data_ptr()
+    del third, view
+    fourth = c(x)  # nothing held: the third's memory
+    assert fourth.data_ptr() == reused
+    assert torch.allclose(fourth, want, atol=1e-5)
+    small = c(torch.randn(3, 512))  # small outputs come from the allocator as before
+    assert small.untyped_storage().nbytes() == 3 * 512 * 4
+    assert c.release_workspace() >= 1024 * 512 * 4
+    assert torch.allclose(c(x), want, atol=1e-5)
