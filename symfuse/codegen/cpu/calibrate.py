@@ -17,7 +17,7 @@ kernels:
   (`linear_library`, `linear_library_bf16`): on some CPUs the library wins a band of middle
   sizes only (AMD Zen 4: 64-192 rows of BERT-base's FFN layers, the row kernel 2-4% faster
   again from 384), so the row kernel runs again above the band, up to the largest size
-  measured; oneDNN, which blocks for any size, runs above that;
+  measured (4096 rows); oneDNN, which blocks for any size, runs above that;
 - how the bf16 row kernel multiplies (`bf16_multiply`): `vdpbf16ps`, FMA on weights widened
   to float32 (some CPUs run `vdpbf16ps` at half their FMA rate) or, where the CPU has them,
   AMX tiles; each timed on a 768x768 layer over 48 rows, once per machine, the fastest kept;
@@ -60,7 +60,9 @@ from symfuse.options import THRESHOLD_KINDS, Options, split_kind
 
 log = logging.getLogger("symfuse")
 
-ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+# the row counts a linear layer's versions are timed at; above the last, oneDNN runs (its
+# blocking covers any size; the row kernel's does not block the input)
+ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 KEYS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 HEADS = 12
 BY_HAND = "set by hand (thresholds / SYMFUSE_THRESHOLDS)"
@@ -144,6 +146,7 @@ class Calibration:
                 for m in bf16_multiplies(self.target):
                     way = Threshold("bf16_multiply", (), m, "")
                     source += generate(*canonical_attention(), self.target, "bf16", way).source
+            source += f"rows {ROWS}"  # the sizes measured: a switch point means "up to here"
             kernels = hashlib.sha256(source.encode()).hexdigest()[:8]
             limits = "".join("-" + re.sub(r"[^a-z0-9_]", "", v.lower()) for _, v in self.opts.library_limits)
             name = f"thresholds-{self.target.key}-{self.target.machine}-{kernels}{limits}.json"
