@@ -238,6 +238,50 @@ def linears(c) -> list:
     return [st for st in c.native.schedule.steps if isinstance(st, GemmStep) and st.name in c.native.host_thresholds]
 
 
+class CausalBlock(torch.nn.Module):
+    """Self-attention with a causal mask and a padding mask, as decoders run a padded batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(48, 144)
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, 3, 16).permute(2, 0, 3, 1, 4)
+        pos = torch.arange(s, device=x.device)
+        causal = pos[None, :] <= pos[:, None]
+        mask = causal[None, None] & pad[:, None, None, :]
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_merged_attention_stops_at_the_last_key_a_block_attends_to(tmp_path):
+    """Where the softmax's input is masked to -inf, each block of query rows multiplies only up
+    to the last key any of its rows attends to (causal: up to the block's last row; padding:
+    before the padded tail); the result agrees with eager at odd lengths, past several panels
+    of keys, with padded tails. An additive bias (T5) is not a mask: every key is multiplied."""
+    from symfuse.models import load
+
+    torch.manual_seed(0)
+    m = CausalBlock().eval()
+    ex = (torch.randn(2, 5, 48), torch.ones(2, 5, dtype=torch.bool))
+    c = symfuse.compile(m, ex, ({0: "B", 1: "S"}, {0: "B", 1: "S"}), cache_dir=str(tmp_path))
+    (merged,) = [k for k in c.native.kernels.values() if "[attention]" in k.source]
+    assert "kmax = i3 + 1;" in merged.source and "sf_tiles[mr - 1](pr, SK" in merged.source
+    assert "for (int64_t p = 0; p < kq; ++p)" in merged.source
+    count = symfuse.compile_count()
+    for b, s in [(1, 1), (2, 7), (1, 65), (3, 130), (2, 200)]:
+        x, pad = torch.randn(b, s, 48), torch.ones(b, s, dtype=torch.bool)
+        pad[0, s - s // 3 :] = False  # a padded tail (key 0 always seen: no row is all masked)
+        with torch.no_grad():
+            want = m(x, pad)
+        assert rel_err(c(x, pad), want) < 1e-4, (b, s)
+    assert symfuse.compile_count() == count
+    case = load("t5-encoder-small")
+    t5 = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic, cache_dir=str(tmp_path))
+    sources = [k.source for k in t5.native.kernels.values() if "[attention]" in k.source]
+    assert sources and all("const int64_t kmax = SK, kq = kp;" in src for src in sources)
+
+
 def test_kernels_equal_up_to_value_names_share_one_function():
     from symfuse.codegen.compile import share
     from symfuse.codegen.cpu.kernel import KernelSource
