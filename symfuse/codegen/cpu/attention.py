@@ -53,11 +53,11 @@ def masked_keys(soft: NativeStep, probs: str) -> Scalar | None:
         if [a.name for a in m.axes] != ["i0", "i1", "i2", "i3"]:  # the names the kernel's loops give them
             continue
         readers = [r for r in soft.members if any(ld.tensor == m.name for ld, _ in loads(r.body))]
-        exps = [r for r in readers if _exp_of(r.body, m.name)]
+        exps = [r for r in readers if _exp_of(r.body, m.name, tuple(r.axes))]
         if len(exps) != 1 or any(r not in exps and not _max_of(r.body, m.name) for r in readers):
             continue
         out = members.get(probs)
-        if out is None or out in readers or not _zero_where(out.body, exps[0].name):
+        if out is None or out in readers or not _zero_where(out.body, exps[0].name, tuple(out.axes)):
             continue
         return cond
     return None
@@ -73,26 +73,27 @@ def _max_of(s, name: str) -> bool:
     return isinstance(s, Reduce) and s.op == "max" and isinstance(s.body, Load) and s.body.tensor == name
 
 
-def _exp_of(s, name: str) -> bool:
-    """`exp(name[...] - x)`, x not reading `name`."""
+def _exp_of(s, name: str, index: tuple) -> bool:
+    """`exp(name[index] - x)`, x not reading `name`."""
     if not (isinstance(s, Call) and s.fn == "exp" and isinstance(s.args[0], Call) and s.args[0].fn == "sub"):
         return False
     x, rest = s.args[0].args
-    return isinstance(x, Load) and x.tensor == name and all(ld.tensor != name for ld, _ in loads(rest))
+    own = isinstance(x, Load) and x.tensor == name and tuple(x.index) == index
+    return own and all(ld.tensor != name for ld, _ in loads(rest))
 
 
-def _zero_where(s, name: str) -> bool:
-    """Whether `s` is 0 wherever the loads of `name` in it are 0."""
+def _zero_where(s, name: str, index: tuple) -> bool:
+    """Whether `s` is 0 wherever `name[index]` is 0."""
     if isinstance(s, Load):
-        return s.tensor == name
+        return s.tensor == name and tuple(s.index) == index
     if isinstance(s, Const):
         return s.value == 0
     if isinstance(s, Call) and s.fn == "mul":
-        return any(_zero_where(a, name) for a in s.args)
+        return any(_zero_where(a, name, index) for a in s.args)
     if isinstance(s, Call) and s.fn in ("div", "neg", "cast"):
-        return _zero_where(s.args[0], name)
+        return _zero_where(s.args[0], name, index)
     if isinstance(s, Call) and s.fn == "where":
-        return _zero_where(s.args[1], name) and _zero_where(s.args[2], name)
+        return _zero_where(s.args[1], name, index) and _zero_where(s.args[2], name, index)
     return False
 
 
