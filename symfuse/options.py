@@ -25,6 +25,11 @@ def library_kind(rows_kind: str) -> str:
     return rows_kind.replace("linear_rows", "linear_library")
 
 
+def rows_kind(library: str) -> str:
+    """The `linear_rows` kind a `linear_library` kind goes with (the inverse of `library_kind`)."""
+    return library.replace("linear_library", "linear_rows")
+
+
 LIBRARY_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 
 

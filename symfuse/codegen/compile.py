@@ -28,7 +28,7 @@ from symfuse.codegen.host import HostCode, generate_host, opaque_functions
 from symfuse.codegen.precision import PRECISIONS, cast_boundary, cpu_bf16_missing, half_storage, stored
 from symfuse.fusion.plan import Plan, plan
 from symfuse.ir.graph import Graph, print_graph
-from symfuse.options import Options
+from symfuse.options import Options, library_kind
 from symfuse.runtime.program import OneDNNWeights, Program
 from symfuse.schedule.attention import AttentionStep, find_step, merge_attention
 from symfuse.schedule.steps import GemmStep, NativeStep, Schedule
@@ -87,7 +87,7 @@ class Backend:
         """For a linear step with two versions: up to which rows oneDNN runs above `limit`
         before the row kernel runs again (up to `ROWS[-1]`); None for other steps."""
         name = self.host_thresholds.get(step.name, "")
-        th = self.thresholds.get(name.replace("linear_rows", "linear_library"))
+        th = self.thresholds.get(library_kind(name))
         return th.value if name.startswith("th_linear_rows") and th is not None else None
 
     def runs_own(self, step, size: int) -> bool:

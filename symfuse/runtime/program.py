@@ -45,9 +45,8 @@ class HostProgram:
         self.workspaces.cap = nbytes
 
     def release_workspace(self) -> int:
-        """Drop every thread's workspace and the kept output storages (the next call allocates
-        afresh); returns the bytes freed."""
-        return self.workspaces.release() + (self.outputs.release() if hasattr(self, "outputs") else 0)
+        """Drop every thread's workspace (the next call allocates afresh); returns the bytes freed."""
+        return self.workspaces.release()
 
     def profile(self, inputs: list[torch.Tensor], binding: dict[str, int]) -> tuple[list[tuple[str, float]], float]:
         """One call: seconds inside each step's kernel and library calls, and the whole call's
@@ -137,6 +136,11 @@ class Program(HostProgram):
         self.kernels = ks
         self._run = ns["run"]
         self._run_timed = ns["run_timed"]
+
+    def release_workspace(self) -> int:
+        """Drop every thread's workspace and the kept output storages (the next call allocates
+        afresh); returns the bytes freed."""
+        return super().release_workspace() + self.outputs.release()
 
     def set_threshold(self, name: str, value: int) -> None:
         """Move a version switch point (read by the host code at every call)."""

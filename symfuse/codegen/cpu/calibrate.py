@@ -56,7 +56,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from symfuse.codegen.cpu.target import Target
-from symfuse.options import THRESHOLD_KINDS, Options, split_kind
+from symfuse.options import THRESHOLD_KINDS, Options, rows_kind, split_kind
 
 log = logging.getLogger("symfuse")
 
@@ -116,9 +116,9 @@ def by_hand(kind: str, shape: tuple[int, ...], manual: dict[str, int]) -> Thresh
     runs at every size above them (no band)."""
     if kind in manual:
         return Threshold(kind, shape, manual[kind], BY_HAND)
-    rows_kind = kind.replace("linear_library", "linear_rows")
-    if kind.startswith("linear_library") and rows_kind in manual:
-        return Threshold(kind, shape, ROWS[-1], f"{rows_kind} {BY_HAND}")
+    rows = rows_kind(kind)
+    if kind.startswith("linear_library") and rows in manual:
+        return Threshold(kind, shape, ROWS[-1], f"{rows} {BY_HAND}")
     return None
 
 
@@ -251,7 +251,7 @@ class Calibration:
             return _switch_point(ROWS, setup, own, library, refresh)
         if kind.startswith("linear_library"):  # above the row kernel's switch point: oneDNN up to where?
             bf16 = kind == "linear_library_bf16"
-            low = self.get(kind.replace("linear_library", "linear_rows"), shape, streamed).value
+            low = self.get(rows_kind(kind), shape, streamed).value
             above = [m for m in ROWS if m > low]
             if not above:
                 return ROWS[-1], {}
