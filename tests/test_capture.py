@@ -118,6 +118,63 @@ def test_a_transformer_compiled_from_a_batch_of_one_runs_any_batch(seeded):
             assert rel_err(c(**x).last_hidden_state, case.model(**x).last_hidden_state) < 1e-4
 
 
+class WritesInPlace(torch.nn.Module):
+    """Ops models write through views and in place (BART's shift of the decoder's tokens,
+    DeBERTa's masked_fill, BLOOM's baddbmm with alpha and a pow of two tensors), each
+    converted by value: a scatter is the parts around it concatenated."""
+
+    def forward(self, ids, x, mask):
+        shifted = ids.new_zeros(ids.shape)
+        shifted[:, 1:] = ids[:, :-1].clone()
+        shifted[:, 0] = 7
+        shifted.masked_fill_(shifted == 3, 1)
+        tail = x.clone()
+        tail[:, -2:].fill_(0.5)
+        tail[:, :1].copy_(x[:, -1:] * 2.0)
+        scores = torch.baddbmm(x[:, :, :1], x, x.transpose(1, 2), beta=0.5, alpha=0.25)
+        scores = scores.masked_fill(mask[:, None, :] == 0, float("-inf")).softmax(-1)
+        nan_self = torch.full_like(x, float("nan"))
+        zeroed = torch.baddbmm(nan_self, scores, x, beta=0.0)
+        return shifted, tail, zeroed + torch.pow(x.abs() + 1.0, tail)
+
+
+@pytest.mark.parametrize("shapes", [[(1, 3), (2, 5), (3, 16), (2, 37)]])
+def test_scatters_fills_masked_fill_and_baddbmm_convert_by_value(shapes):
+    m = WritesInPlace()
+
+    def inputs(b, s, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        mask = torch.ones(b, s)
+        mask[0, s - s // 3 :] = 0
+        return torch.randint(0, 6, (b, s), generator=g), torch.randn(b, s, 8, generator=g), mask
+
+    before = symfuse.compile_count()
+    dyn = {"ids": {0: "B", 1: "S"}, "x": {0: "B", 1: "S"}, "mask": {0: "B", 1: "S"}}
+    c = symfuse.compile(m, inputs(2, 6), dyn)
+    for b, s in shapes:
+        x = inputs(b, s, seed=b * 100 + s)
+        ref, out = m(*x), c(*x)
+        assert torch.equal(out[0], ref[0]) and out[0][:, 0].eq(7).all()
+        assert rel_err(out[1:], ref[1:]) < 1e-5
+    assert symfuse.compile_count() == before + 1
+
+
+def test_a_transformers_cache_in_the_output_says_to_turn_the_cache_off():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, num_key_value_heads=1
+    )
+    model = transformers.LlamaModel(cfg).eval()
+    ids = torch.randint(0, 100, (2, 8))
+    with pytest.raises(TypeError, match=r"holds a transformers\.cache_utils\.DynamicCache.*use_cache=False"):
+        symfuse.compile(model, {"input_ids": ids}, {"input_ids": {0: "B", 1: "S"}})
+    c = symfuse.compile(model, {"input_ids": ids, "use_cache": False}, {"input_ids": {0: "B", 1: "S"}})
+    ids = torch.randint(0, 100, (3, 11))
+    with torch.no_grad():
+        ref = model(input_ids=ids, use_cache=False).last_hidden_state
+    assert rel_err(c(input_ids=ids, use_cache=False).last_hidden_state, ref) < 1e-4
+
+
 def test_a_dynamic_dim_with_an_example_of_zero_is_refused():
     with pytest.raises(ValueError, match=r"input 'x' dim 0 is declared dynamic \('B'\) but its example size is 0"):
         symfuse.compile(MLP(), (torch.randn(0, 5, 6), torch.randn(0, 5, 6)), {"x": {0: "B"}})

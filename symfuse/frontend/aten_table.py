@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from symfuse.ir.dims import dim, product
+from symfuse.ir.dims import Dim, dim, product, slice_bound
 from symfuse.ir.dtypes import DType
 
 aten = torch.ops.aten
@@ -71,7 +71,7 @@ BINARY = {
 
 def _binary(op):
     def convert(cv, a):
-        x, y = cv.operand(a["self"]), cv.operand(a["other"])
+        x, y = cv.operand(a["self"]), cv.operand(a["other"] if "other" in a else a["exponent"])
         alpha = a.get("alpha", 1)
         if alpha != 1:
             y = cv.emit("mul", [y, cv.operand(alpha)])
@@ -100,6 +100,24 @@ def _div(cv, a):
 @converts(aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar)
 def _where(cv, a):
     return cv.emit("where", [cv.tensor(a["condition"]), cv.operand(a["self"]), cv.operand(a["other"])])
+
+
+@converts(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(cv, a):
+    x = cv.tensor(a["self"])
+    return cv.emit("where", [cv.tensor(a["mask"]), _filler(cv, a["value"], x.type.dtype), x])
+
+
+def _filler(cv, value, dtype: DType):
+    """`value` (a Python number or a 0-dim tensor) as a scalar of `dtype`, as torch converts a
+    fill value to the filled tensor's dtype."""
+    if isinstance(value, torch.fx.Node):
+        v = cv.tensor(value)
+        return v if v.type.dtype == dtype else cv.emit("cast", [v], dtype=dtype)
+    v = cv.scalar(value)
+    if not isinstance(v, Dim):
+        v = bool(v) if dtype == DType.bool else float(v) if dtype.is_float else int(v)
+    return cv.b.scalar(v, dtype=dtype, loc=cv.loc)
 
 
 @converts(aten.pow.Tensor_Scalar)
@@ -284,6 +302,55 @@ def _slice(cv, a):
 @converts(aten.select.int)
 def _select(cv, a):
     return cv.emit("select", [cv.tensor(a["self"])], dim=a["dim"], index=a["index"])
+
+
+@converts(aten.copy.default)
+def _copy(cv, a):
+    """`self.copy_(src)` as a value: src broadcast to self's shape in self's dtype."""
+    return _like(cv, cv.tensor(a["src"]), cv.tensor(a["self"]))
+
+
+@converts(aten.fill.Tensor, aten.fill.Scalar)
+def _fill(cv, a):
+    x = cv.tensor(a["self"])
+    return _like(cv, _filler(cv, a["value"], x.type.dtype), x)
+
+
+def _like(cv, v, x):
+    """`v` in the dtype and shape of `x`."""
+    if v.type.dtype != x.type.dtype:
+        v = cv.emit("cast", [v], dtype=x.type.dtype)
+    if v.type.shape != x.type.shape:
+        v = cv.emit("expand", [v], sizes=x.type.shape)
+    return v
+
+
+@converts(aten.slice_scatter.default, aten.select_scatter.default)
+def _slice_scatter(cv, a):
+    """`self` with `src` written over a slice (or one index) of `dim`: the parts of `self`
+    before and after it concatenated around `src`."""
+    x = cv.tensor(a["self"])
+    k = a.get("dim", 0) % x.type.rank
+    size = x.type.shape[k]
+    src = cv.tensor(a["src"])
+    if "index" in a:
+        start = slice_bound(size, cv.scalar(a["index"]))
+        shape = list(src.type.shape)
+        src = cv.emit("reshape", [src], shape=tuple(shape[:k] + [dim(1)] + shape[k:]))
+    else:
+        if a.get("step", 1) != 1:
+            raise Unsupported("slice_scatter with a step other than 1")
+        start = slice_bound(size, 0 if a.get("start") is None else cv.scalar(a["start"]))
+    if src.type.dtype != x.type.dtype:
+        src = cv.emit("cast", [src], dtype=x.type.dtype)
+    end = cv.b.store.canon(start + src.type.shape[k])
+    parts = []
+    if cv.b.store.canon(start) != 0:
+        parts.append(cv.emit("slice", [x], dim=k, start=0, end=start, step=1))
+    parts.append(src)
+    if end != cv.b.store.canon(size):
+        parts.append(cv.emit("slice", [x], dim=k, start=end, end=None, step=1))
+    return parts[0] if len(parts) == 1 else cv.emit("cat", parts, dim=k)
 
 
 @converts(aten.cat.default)
@@ -487,12 +554,21 @@ def _linear(cv, a):
     return cv.emit("linear", [cv.tensor(a["input"]), cv.tensor(a["weight"]), cv.opt(a.get("bias"))])
 
 
-@converts(aten.addmm.default)
+@converts(aten.addmm.default, aten.baddbmm.default)
 def _addmm(cv, a):
-    if a.get("beta", 1) != 1 or a.get("alpha", 1) != 1:
-        raise Unsupported("addmm with beta or alpha other than 1")
-    mm = cv.emit("matmul", [cv.tensor(a["mat1"]), cv.tensor(a["mat2"])])
-    return cv.emit("add", [mm, cv.tensor(a["self"])])
+    """beta * self + alpha * (mat1 @ mat2); with beta 0, self is not read (torch's rule: a NaN
+    there does not propagate)."""
+    mats = (a["mat1"], a["mat2"]) if "mat1" in a else (a["batch1"], a["batch2"])
+    out = cv.emit("matmul", [cv.tensor(m) for m in mats])
+    alpha, beta = cv.scalar(a.get("alpha", 1)), cv.scalar(a.get("beta", 1))
+    if alpha != 1:
+        out = cv.emit("mul", [out, cv.operand(alpha)])
+    if beta == 0:
+        return out
+    x = cv.tensor(a["self"])
+    if beta != 1:
+        x = cv.emit("mul", [x, cv.operand(beta)])
+    return cv.emit("add", [out, x])
 
 
 @converts(aten.mm.default, aten.bmm.default, aten.matmul.default)

@@ -15,6 +15,7 @@ import logging
 import math
 import operator
 import os
+import re
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -282,7 +283,10 @@ def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
         with torch.no_grad(), _lstm.lstms_as_custom_op(model), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             t1 = time.perf_counter()
-            ep = torch.export.export(exported, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+            try:
+                ep = torch.export.export(exported, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+            except RuntimeError as e:
+                raise _explained(e) from e
             t2 = time.perf_counter()
             # export's own IR converts as it is for most models; tracing it again into the
             # inference IR (run_decompositions) took 4 of BERT-base's 6 s of capture, so only
@@ -306,6 +310,22 @@ def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
     }
     captured.notes += notes
     return captured
+
+
+def _explained(e: RuntimeError) -> Exception:
+    """torch.export's error for an output type it cannot flatten, with what to do about the
+    usual one: a transformers key/value cache object, returned when `use_cache` is on."""
+    m = re.search(r"Found <class '([\w.]+)'> in output", str(e))
+    if m is None:
+        return e
+    cls = m.group(1)
+    hint = (
+        "it is the key/value cache a transformers model returns with use_cache on: give `use_cache=False` "
+        "among the example inputs (or set model.config.use_cache = False) and compile again"
+        if "cache" in cls.lower()
+        else "return tensors (or tuples, lists and dicts of them) from forward"
+    )
+    return TypeError(f"the model's output holds a {cls}, which symfuse cannot return as tensors; {hint}")
 
 
 def _convert(ep, inputs: dict[str, Any], decls: dict[str, dict[int, DimDecl]], model) -> Captured:
