@@ -37,7 +37,10 @@ def dim(value: DimLike) -> Dim:
 
 
 def floordiv(a: DimLike, b: DimLike) -> Dim:
-    return sympy.floor(dim(a) / dim(b))
+    a, b = dim(a), dim(b)
+    if isinstance(a, sympy.floor) and b.is_Integer and b > 0:
+        return sympy.floor(a.args[0] / b)  # (x//p)//q == x//(p*q): one form for the same size
+    return sympy.floor(a / b)
 
 
 def ceildiv(a: DimLike, b: DimLike) -> Dim:
@@ -81,9 +84,10 @@ def exact_quotient(a: Dim, b: Dim) -> Dim | None:
     """a / b when it is a polynomial with integer coefficients, else None."""
     if b == 0:
         return None
-    q = sympy.expand(sympy.cancel(a / b))
-    if sympy.fraction(q)[1] != 1:
+    q = sympy.cancel(a / b)
+    if sympy.fraction(q)[1] != 1:  # (on the cancelled quotient: a sum's fraction() is always over 1)
         return None
+    q = sympy.expand(q)
     if all(term.as_coeff_Mul()[0].is_Integer for term in sympy.Add.make_args(q)):
         return q
     return None
