@@ -40,7 +40,9 @@ class CompiledModule:
         self.graph = captured.graph
         self.store = captured.store
         self.options = options
-        self.guard_spec = guard or guard_spec(captured.declared, captured.store, torch.device(options.device).type)
+        self.guard_spec = guard or guard_spec(
+            captured.declared, captured.store, torch.device(options.device).type, tuple(captured.traced_under)
+        )
         self.guard = make_guard(self.guard_spec)
         self._reference = ReferenceExecutor(captured.graph)
         self._tensor_names = [v.name for v in captured.declared]
@@ -116,6 +118,7 @@ class CompiledModule:
             self.store,
             backend=self.backend,
             notes=self.captured.notes,
+            traced=self.guard_spec.traced,
             with_graph=with_graph,
             with_te=with_te,
             native=self.native,

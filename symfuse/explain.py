@@ -23,6 +23,7 @@ def explain(
     *,
     backend: str,
     notes: list[str] = (),
+    traced=(),
     with_graph: bool = True,
     with_te: bool = False,
     native=None,
@@ -63,6 +64,12 @@ def explain(
     out.append(f"\nchecked on every call ({len(checks)} facts beyond input ranks, dtypes and static dims):")
     for f in checks:
         out.append(f"  {f.text()}  <- {f.origin}")
+    if traced:
+        out.append(
+            f"\ntraced under ({len(traced)} conditions on the input sizes the model's code branched on; "
+            "checked on every call too):"
+        )
+        out += [f"  {c.expr}" for c in traced]
     out += _te_section(graph, store, with_te, native)
     if with_graph:
         out.append("\ngraph:")

@@ -76,3 +76,85 @@ def test_architecture_compiles_once_and_matches_eager(name):
         out = c(**x, **extra).last_hidden_state
         assert rel_err(out, ref) < 1e-4, f"{name} at B={b}, S={s}"
     assert symfuse.compile_count() == before + 1
+
+
+_VIT = dict(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8
+)
+_STAGES = dict(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1])
+
+# name: (config class, model class, config arguments, example size, dynamic dims of pixel_values, sizes run)
+VISION = {
+    "vit": ("ViTConfig", "ViTModel", _VIT, 32, {0: "B"}, [(1, 32, 32), (5, 32, 32)]),
+    "deit": ("DeiTConfig", "DeiTModel", _VIT, 32, {0: "B"}, [(1, 32, 32), (3, 32, 32)]),
+    "clip-vision": ("CLIPVisionConfig", "CLIPVisionModel", _VIT, 32, {0: "B"}, [(1, 32, 32), (3, 32, 32)]),
+    "beit": ("BeitConfig", "BeitModel", _VIT, 32, {0: "B"}, [(1, 32, 32), (3, 32, 32)]),
+    "convnext": (
+        "ConvNextConfig", "ConvNextModel", _STAGES, 64, {0: "B", 2: "H", 3: "W"},
+        [(1, 64, 64), (2, 72, 64), (1, 76, 92)],
+    ),
+    "resnet": (
+        "ResNetConfig", "ResNetModel", dict(_STAGES, embedding_size=16), 64, {0: "B", 2: "H", 3: "W"},
+        [(1, 64, 64), (2, 72, 64), (1, 77, 93)],
+    ),
+    "segformer": (
+        "SegformerConfig", "SegformerModel", dict(_STAGES, num_attention_heads=[1, 2, 2, 4], decoder_hidden_size=64),
+        64, {0: "B", 2: "H", 3: "W"}, [(1, 64, 64), (2, 72, 64), (1, 97, 80)],
+    ),
+}  # fmt: skip
+
+
+def _vision(name):
+    config_cls, model_cls, kwargs, size, dynamic, sizes = VISION[name]
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**kwargs)).eval()
+    return model, size, dynamic, sizes
+
+
+@pytest.mark.parametrize("name", sorted(VISION))
+def test_vision_architecture_compiles_once_and_matches_eager(name):
+    model, size, dynamic, sizes = _vision(name)
+    before = symfuse.compile_count()
+    c = symfuse.compile(model, {"pixel_values": torch.randn(2, 3, size, size)}, {"pixel_values": dynamic})
+    g = torch.Generator().manual_seed(1)
+    for b, h, w in sizes:
+        x = torch.randn(b, 3, h, w, generator=g)
+        with torch.no_grad():
+            ref = model(pixel_values=x).last_hidden_state
+        assert rel_err(c(pixel_values=x).last_hidden_state, ref) < 1e-4, f"{name} at {b}x{h}x{w}"
+    assert symfuse.compile_count() == before + 1
+
+
+def test_sizes_a_vision_model_branches_on_are_refused_by_name():
+    """Swin pads its windows only where the size needs it, DINOv2 interpolates its position
+    table only where the patches outnumber it, MobileNetV2 pads "same" from the size's remainder:
+    each was traced on one path, and a call off it is refused (never run to a wrong shape);
+    MobileNetV2's sizes export fixes outright, so declaring them dynamic is refused."""
+    torch.manual_seed(0)
+    swin = transformers.SwinModel(
+        transformers.SwinConfig(image_size=64, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4)
+    ).eval()
+    dyn = {"pixel_values": {0: "B", 2: "H", 3: "W"}}
+    c = symfuse.compile(swin, {"pixel_values": torch.randn(2, 3, 64, 64)}, dyn)
+    x = torch.randn(1, 3, 128, 96)
+    with torch.no_grad():
+        assert rel_err(c(pixel_values=x).last_hidden_state, swin(pixel_values=x).last_hidden_state) < 1e-4
+    with pytest.raises(ValueError, match=r"input shapes break a rule of the model.*H = 66"):
+        c(pixel_values=torch.randn(1, 3, 66, 64))
+
+    dino = transformers.Dinov2Model(
+        transformers.Dinov2Config(
+            hidden_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=28, patch_size=14
+        )
+    ).eval()
+    c = symfuse.compile(dino, {"pixel_values": torch.randn(2, 3, 28, 28)}, dyn)
+    with pytest.raises(ValueError, match=r"\(\(H // 14\)\*\(W // 14\)\) == 4 \(the model's code branches on it"):
+        c(pixel_values=torch.randn(1, 3, 42, 28))
+
+    mobilenet = transformers.MobileNetV2Model(transformers.MobileNetV2Config(depth_multiplier=0.35)).eval()
+    with pytest.raises(ValueError, match=r"input 'pixel_values' dim 2 is declared dynamic \('H'\) but the model only"):
+        symfuse.compile(mobilenet, {"pixel_values": torch.randn(2, 3, 64, 64)}, dyn)
+    c = symfuse.compile(mobilenet, {"pixel_values": torch.randn(2, 3, 64, 64)}, {"pixel_values": {0: "B"}})
+    x = torch.randn(3, 3, 64, 64)
+    with torch.no_grad():
+        assert rel_err(c(pixel_values=x).last_hidden_state, mobilenet(pixel_values=x).last_hidden_state) < 1e-4

@@ -159,6 +159,57 @@ def test_scatters_fills_masked_fill_and_baddbmm_convert_by_value(shapes):
     assert symfuse.compile_count() == before + 1
 
 
+class Pads(torch.nn.Module):
+    """Constant pads (positive, negative, to a window multiple as Swin pads) and a 1-D pool."""
+
+    def forward(self, x):
+        a = torch.nn.functional.pad(x, (1, 2, 0, 3), value=-1.5)
+        b = torch.nn.functional.pad(x, (-1, 2))
+        to_window = (4 - x.shape[1] % 4) % 4
+        c = torch.nn.functional.pad(x, (0, 0, 0, to_window))
+        return a, b, c, torch.nn.functional.adaptive_avg_pool1d(x, 3)
+
+
+def test_constant_pads_and_a_1d_pool(seeded):
+    m = Pads()
+    before = symfuse.compile_count()
+    c = symfuse.compile(m, (torch.randn(2, 6, 9),), {"x": {0: "B", 1: "S", 2: "L"}})
+    for shape in [(1, 1, 3), (2, 4, 7), (3, 13, 16), (1, 16, 31)]:
+        x = torch.randn(shape)
+        assert rel_err(c(x), m(x)) < 1e-6, shape
+    assert symfuse.compile_count() == before + 1
+
+
+class BranchesOnSizes(torch.nn.Module):
+    def forward(self, x, y):  # "same" padding from the size's remainder; a branch on two sizes' equality
+        pad = 1 if x.shape[-1] % 2 == 0 else 2
+        out = torch.nn.functional.pad(x, (0, pad))
+        return out * 2.0 if x.shape[0] == y.shape[0] else out
+
+
+def test_the_sizes_the_model_branched_on_are_checked_on_every_call(tmp_path):
+    """torch.export traces one path of a branch on a size and records the condition as a
+    guard: symfuse checks it on every call (a size on the other path is refused by name,
+    never run through the traced path to a wrong shape); guards that only keep a size away
+    from 1 are not checked."""
+    m = BranchesOnSizes()
+    c = symfuse.compile(m, (torch.randn(2, 8), torch.randn(2, 3)), {"x": {0: "B", 1: "L"}, "y": {0: "C"}})
+    for b, n in [(1, 2), (3, 10), (2, 64)]:
+        x, y = torch.randn(b, n), torch.randn(b, 3)
+        assert rel_err(c(x, y), m(x, y)) < 1e-6
+    with pytest.raises(
+        ValueError, match=r"\(L % 2\) == 0 \(the model's code branches on it.*L = 7 \(input 'x' dim 1\)"
+    ):
+        c(torch.randn(2, 7), torch.randn(2, 3))
+    with pytest.raises(ValueError, match=r"B == C .*B = 2 \(input 'x' dim 0\), C = 3 \(input 'y' dim 0\)"):
+        c(torch.randn(2, 8), torch.randn(3, 3))
+    text = c.explain(with_graph=False)
+    assert "traced under (2 conditions" in text and "(L % 2) == 0" in text
+    loaded = symfuse.load(c.save(str(tmp_path / "branches")))  # an artifact keeps the conditions
+    with pytest.raises(ValueError, match=r"\(L % 2\) == 0"):
+        loaded(torch.randn(2, 7), torch.randn(2, 3))
+
+
 def test_a_transformers_cache_in_the_output_says_to_turn_the_cache_off():
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(

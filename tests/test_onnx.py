@@ -211,6 +211,18 @@ def test_slice_with_symbolic_ends_and_split():
     check(m)
 
 
+def test_constant_pads_with_axes_negative_pads_and_a_value():
+    nodes = [
+        oh.make_node("Pad", ["x", "pads"], ["a"]),  # [1, 2] before, [0, 3] after on (N, S)
+        oh.make_node("Pad", ["x", "pads1", "v", "ax1"], ["b"]),  # S: 2 before, 1 cut at the end, value 1.5
+        oh.make_node("Pad", ["x", "pads0"], ["c"], mode="constant"),  # no padding at all
+    ]
+    inits = {"pads": np.array([1, 2, 0, 3]), "pads1": np.array([2, -1]), "v": np.array(1.5, np.float32),
+             "ax1": np.array([1]), "pads0": np.array([0, 0, 0, 0])}  # fmt: skip
+    outs = [("a", F, ["A", "B"]), ("b", F, ["N", "C"]), ("c", F, ["N", "S"])]
+    check(model(nodes, [X], outs, inits), backend="cpu")
+
+
 def test_gathers():
     nodes = [
         oh.make_node("Gather", ["emb", "ids"], ["e"], axis=0),  # an embedding lookup

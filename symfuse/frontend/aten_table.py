@@ -353,6 +353,38 @@ def _slice_scatter(cv, a):
     return parts[0] if len(parts) == 1 else cv.emit("cat", parts, dim=k)
 
 
+@converts(aten.pad.default, aten.constant_pad_nd.default)
+def _pad(cv, a):
+    if a.get("mode", "constant") != "constant":
+        raise Unsupported(f"{a['mode']} padding (only constant padding is supported)")
+    x = cv.tensor(a["self"] if "self" in a else a["input"])
+    pads = [cv.scalar(p) for p in a["pad"]]
+    if len(pads) % 2 or len(pads) > 2 * x.type.rank:
+        raise Unsupported(f"pad of {len(pads)} values for a rank-{x.type.rank} tensor")
+    fill = _filler(cv, 0 if a.get("value") is None else a["value"], x.type.dtype)
+    sides = {x.type.rank - 1 - i // 2: (pads[i], pads[i + 1]) for i in range(0, len(pads), 2)}
+    return pad_constant(cv, x, sides, fill)
+
+
+def pad_constant(cv, x, sides: dict, fill):
+    """`x` padded with the scalar value `fill` by `sides` ({dim: (before, after)}): a filled
+    block concatenated on each padded side; a negative pad slices instead, and a symbolic
+    pad is a size, never negative. Both frontends' constant padding."""
+    for k, (lo, hi) in sorted(sides.items()):
+        if isinstance(lo, int) and lo < 0:
+            x, lo = cv.emit("slice", [x], dim=k, start=-lo, end=None, step=1), 0
+        if isinstance(hi, int) and hi < 0:
+            x, hi = cv.emit("slice", [x], dim=k, start=0, end=x.type.shape[k] + hi, step=1), 0
+        blocks = []
+        for p in (lo, hi):
+            shape = list(x.type.shape)
+            shape[k] = dim(p)
+            blocks.append(None if cv.b.store.canon(shape[k]) == 0 else cv.emit("expand", [fill], sizes=tuple(shape)))
+        if blocks != [None, None]:
+            x = cv.emit("cat", [v for v in (blocks[0], x, blocks[1]) if v is not None], dim=k)
+    return x
+
+
 @converts(aten.cat.default)
 def _cat(cv, a):
     return cv.emit("cat", [cv.tensor(t) for t in a["tensors"]], dim=a.get("dim", 0))
@@ -531,6 +563,17 @@ def _avg_pool2d(cv, a):
 @converts(aten.adaptive_avg_pool2d.default)
 def _adaptive_avg_pool2d(cv, a):
     return cv.emit("adaptive_avg_pool2d", [cv.tensor(a["self"])], output_size=_pair(a["output_size"]))
+
+
+@converts(aten.adaptive_avg_pool1d.default)
+def _adaptive_avg_pool1d(cv, a):
+    """As the 2-D pool over a height of 1."""
+    x = cv.tensor(a["self"])
+    s = list(x.type.shape)
+    (n,) = a["output_size"] if isinstance(a["output_size"], (list, tuple)) else (a["output_size"],)
+    y = cv.emit("reshape", [x], shape=tuple(s[:-1] + [dim(1)] + s[-1:]))
+    y = cv.emit("adaptive_avg_pool2d", [y], output_size=(1, int(n)))
+    return cv.emit("reshape", [y], shape=tuple(s[:-1] + [dim(int(n))]))
 
 
 @converts(aten._native_batch_norm_legit_no_training.default, aten.batch_norm.default)

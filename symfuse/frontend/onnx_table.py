@@ -19,7 +19,7 @@ import onnx
 import sympy
 import torch
 
-from symfuse.frontend.aten_table import Unsupported
+from symfuse.frontend.aten_table import Unsupported, pad_constant
 from symfuse.ir.dims import ceildiv, dim, dmax, dmin, floordiv, mod, product
 from symfuse.ir.dtypes import DType
 from symfuse.ir.graph import Value
@@ -513,6 +513,28 @@ def _expand(cx, n):
     if rank > x.type.rank:
         x = cx.emit("reshape", [x], shape=tuple(src))
     return cx.emit("expand", [x], sizes=sizes)
+
+
+@converts("Pad")
+def _pad(cx, n):
+    """Constant padding (pads: every axis's begin, then every axis's end)."""
+    if n.attrs.get("mode", "constant") != "constant":
+        raise Unsupported(f"Pad in {n.attrs['mode']} mode (only constant padding is supported)")
+    x = cx.tensor(n.ins[0])
+    pads = cx.ints(n.ins[1], "Pad's pads")
+    axes = [a % x.type.rank for a in (_axes(cx, n, 3) or range(x.type.rank))]
+    if len(pads) != 2 * len(axes):
+        raise Unsupported(f"Pad with {len(pads)} pads for {len(axes)} axes")
+    value = n.input(2)
+    value = 0 if value is None or (isinstance(value, np.ndarray) and value.size == 0) else value
+    if isinstance(value, Value):
+        fill = value if value.type.dtype == x.type.dtype else cx.emit("cast", [value], dtype=x.type.dtype)
+        fill = cx.emit("reshape", [fill], shape=())
+    else:
+        v = np.asarray(value).reshape(-1)[0].item() if isinstance(value, np.ndarray) else value
+        fill = cx.b.scalar(float(v) if x.type.dtype.is_float else int(v), x.type.dtype, loc=cx.loc)
+    sides = {k: (pads[i], pads[i + len(axes)]) for i, k in enumerate(axes)}
+    return pad_constant(cx, x, sides, fill)
 
 
 @converts("Concat")

@@ -10,6 +10,7 @@ Parameters and buffers are frozen into the graph as constants.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import logging
 import math
@@ -33,6 +34,7 @@ from symfuse.ir.dims import Dim as DimExpr
 from symfuse.ir.dims import dim, dmax, dmin, floordiv, mod
 from symfuse.ir.dtypes import DType
 from symfuse.ir.graph import Graph, Value
+from symfuse.runtime.guard import Check
 from symfuse.shape.infer import GraphBuilder
 from symfuse.shape.store import ShapeStore
 
@@ -62,6 +64,7 @@ class Captured:
     notes: list[str] = field(default_factory=list)
     stages: dict[str, float] = field(default_factory=dict)  # seconds of each part of `seconds`
     output_names: list[str] | None = None  # an imported model's named outputs (ONNX)
+    traced_under: list[Check] = field(default_factory=list)  # torch.export's guards the run-time guard checks
 
 
 def source_location(node: torch.fx.Node) -> str:
@@ -303,6 +306,8 @@ def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
         model.train(was_training)
     if captured is None:
         captured = _convert(ep, inputs, decls, model)
+    guards = getattr(ep, "_guards_code", None) or []
+    captured.traced_under = _traced_under(guards, exported, args, kwargs, inputs, captured.declared)
     captured.seconds = time.perf_counter() - t0
     captured.stages = {
         "torch.export": t2 - t1,
@@ -310,6 +315,83 @@ def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
     }
     captured.notes += notes
     return captured
+
+
+_SIZE = re.compile(r"L((?:\[[^\[\]]+\])+)\.size\(\)\[(\d+)\]")
+
+
+def _traced_under(codes: list[str], exported, args, kwargs, inputs: dict[str, Any], declared) -> list[Check]:
+    """torch.export's guards on the input sizes (Python over `L[<argument>].size()[d]`) as
+    run-time checks over symfuse's symbols. They hold where the model's code took the path
+    it was traced on (`if width % 4 == 0`): elsewhere the graph is another program's, and a
+    call there must be refused, not run. Guards that only keep a size away from 1 (`x != 1`,
+    `x > 1`: torch's size-1 specialisation of strides and broadcasts) are not checked: the
+    graph computes the same there, and checking them would refuse batches or images of size 1."""
+    try:
+        bound = inspect.signature(exported.forward).bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        return []
+    name_of = {id(v): k for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    dims = {v.name: v.type.shape for v in declared}
+    example = {
+        e.name: int(inputs[v.name].shape[d]) for v in declared for d, e in enumerate(v.type.shape) if e.is_Symbol
+    }
+
+    def size(m: re.Match) -> str:
+        try:
+            t = eval("L" + m.group(1), {"__builtins__": {}}, {"L": bound})  # noqa: S307 - a subscript path
+        except Exception:  # noqa: BLE001
+            raise LookupError from None
+        name = name_of.get(id(t))
+        if name not in dims or int(m.group(2)) >= len(dims[name]):
+            raise LookupError
+        e = dims[name][int(m.group(2))]
+        return e.name if e.is_Symbol else str(int(e))
+
+    out, seen = [], set()
+    for code in codes:
+        try:
+            expr = _SIZE.sub(size, code)
+            tree = ast.parse(expr, mode="eval")
+        except (LookupError, SyntaxError):
+            continue
+        if "L[" in expr or _keeps_from_one(tree.body) or expr in seen:
+            continue
+        syms = tuple(sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in example}))
+        try:
+            if not syms or not eval(expr, {"__builtins__": {"min": min, "max": max}}, dict(example)):  # noqa: S307
+                continue
+        except Exception:  # noqa: BLE001 - a guard this conversion cannot evaluate is left out
+            continue
+        seen.add(expr)
+        out.append(
+            Check(
+                expr,
+                f"{expr} (the model's code branches on it and was traced where it holds; sizes where it does not need "
+                "a compile from an example of them)",
+                (),
+                syms,
+            )
+        )
+    return out
+
+
+def _keeps_from_one(e: ast.expr) -> bool:
+    """`a != b`, `x > 1`, `1 < x`, `x >= 2`, `2 <= x`: torch's guards against size-1 special cases."""
+    if not isinstance(e, ast.Compare) or len(e.ops) != 1:
+        return False
+    op, left, right = e.ops[0], e.left, e.comparators[0]
+
+    def const(x, v):
+        return isinstance(x, ast.Constant) and x.value == v
+
+    return (
+        isinstance(op, ast.NotEq)
+        or (isinstance(op, ast.Gt) and const(right, 1))
+        or (isinstance(op, ast.Lt) and const(left, 1))
+        or (isinstance(op, ast.GtE) and const(right, 2))
+        or (isinstance(op, ast.LtE) and const(left, 2))
+    )
 
 
 def _explained(e: RuntimeError) -> Exception:
@@ -351,11 +433,14 @@ def _convert(ep, inputs: dict[str, Any], decls: dict[str, dict[int, DimDecl]], m
             shape = []
             for d, s in enumerate(node.meta["val"].shape):
                 decl = decls.get(iname, {}).get(d)
+                if isinstance(s, torch.SymInt) and s.node.expr.is_number:
+                    s = int(s.node.expr)  # (a dim export specialised can come back as a constant SymInt)
                 if isinstance(s, int):
                     if decl is not None and not decl.auto:
                         raise ValueError(
                             f"input '{iname}' dim {d} is declared dynamic ('{decl.name}') but the model only works "
-                            f"with size {s} there (torch.export specialised it)"
+                            f"with size {s} there (torch.export specialised it: the model's code branches on this "
+                            "size, e.g. on its parity, so one program cannot serve every size)"
                         )
                     shape.append(dim(s))
                     continue

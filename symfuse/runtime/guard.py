@@ -40,6 +40,7 @@ class GuardSpec:
     checks: tuple[Check, ...]
     sites: dict[str, str]  # symbol -> "input 'x' dim 1"
     device: str = "cpu"
+    traced: tuple[Check, ...] = ()  # conditions the capture traced the model under (its guards)
 
 
 def _describe(sites: dict[str, str], values: dict[str, int]) -> str:
@@ -100,18 +101,18 @@ def make_guard(spec: GuardSpec) -> Callable[[list], dict[str, int]]:
             + (f" (rule: {_esc(why)})" if why else "")
             + '")',
         ]
-    for i, c in enumerate(spec.checks):
+    checks = spec.traced + spec.checks  # (a path the trace did not take is the first thing to name)
+    for i, c in enumerate(checks):
         lines += [f"    if not ({_rename(c.expr, local)}):", f"        fail({i}, {_values(c, local)})"]
     lines.append("    return {" + ", ".join(f"{s!r}: {v}" for s, v in local.items()) + "}")
     src = "\n".join(lines)
 
     def fail(i: int, values: dict) -> None:
-        c = spec.checks[i]
+        c = checks[i]
         shown = ", ".join(f"{label} = {values[label]}" for label, _ in c.shows)
         syms = {s: values[s] for s in spec.sites if s in values}
-        raise ValueError(
-            f"input shapes break a rule of the model: {c.rule}; here {shown}; where {_describe(spec.sites, syms)}"
-        )
+        here = f"; here {shown}" if shown else ""
+        raise ValueError(f"input shapes break a rule of the model: {c.rule}{here}; where {_describe(spec.sites, syms)}")
 
     env = {"Tensor": torch.Tensor, "dtypes": [i.dtype for i in spec.inputs], "fail": fail, "min": min, "max": max}
     exec(compile(src, "<symfuse guard>", "exec"), env)  # noqa: S102

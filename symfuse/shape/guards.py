@@ -21,9 +21,12 @@ def _check(f: Fact) -> Check:
     return Check(expr, f"{f.text()} ({f.origin})", shows, syms)
 
 
-def guard_spec(declared: list[Value], store: ShapeStore, device: str = "cpu") -> GuardSpec:
+def guard_spec(
+    declared: list[Value], store: ShapeStore, device: str = "cpu", traced: tuple[Check, ...] = ()
+) -> GuardSpec:
     """`declared`: the graph inputs with the dims as declared, before unification; `device`:
-    the device type every input must be on."""
+    the device type every input must be on; `traced`: the conditions the capture traced the
+    model under."""
     inputs = []
     sites: dict[str, str] = {}
     for v in declared:
@@ -41,4 +44,13 @@ def guard_spec(declared: list[Value], store: ShapeStore, device: str = "cpu") ->
         (name, info.lo, info.hi, str(info.range_origin) if info.range_origin else "declared")
         for name, info in store.symbols.items()
     )
-    return GuardSpec(tuple(inputs), ranges, tuple(_check(f) for f in store.checks()), sites, device)
+    checks = tuple(_check(f) for f in store.checks())
+    known = {_sides(c.expr) for c in checks}
+    traced = tuple(c for c in traced if _sides(c.expr) not in known)  # (the store's fact says why)
+    return GuardSpec(tuple(inputs), ranges, checks, sites, device, traced)
+
+
+def _sides(expr: str) -> frozenset | str:
+    """An equality as the set of its two sides (spaces and outer parentheses dropped)."""
+    parts = expr.replace(" ", "").split("==")
+    return frozenset(p.strip("()") for p in parts) if len(parts) == 2 else expr
