@@ -4,7 +4,9 @@ at several shapes (1, primes, a multiple of 16), padded tails included where the
 takes a mask. They cover ops the built-in models do not use: DeBERTa's masked_fill,
 BLOOM's baddbmm with alpha and ALiBi, BART's shifted decoder tokens (slice and select
 scatters), rotary embeddings and grouped-query attention (Llama, Mistral, Qwen2, Gemma),
-parallel attention (GPT-NeoX, Phi), OPT's and ALBERT's projections.
+parallel attention (GPT-NeoX, Phi, Falcon), GPT-J's interleaved rotary embedding
+(repeat_interleave), OPT's and ALBERT's projections; speech encoders' conv1d, group norm
+and weight norm (wav2vec 2.0, Whisper).
 """
 
 import pytest
@@ -40,6 +42,11 @@ ARCHITECTURES = {
     "gemma": ("GemmaConfig", "GemmaModel", False, dict(_GQA, head_dim=16)),
     "gpt-neox": ("GPTNeoXConfig", "GPTNeoXModel", False, _SMALL),
     "phi": ("PhiConfig", "PhiModel", False, _SMALL),
+    "qwen3": ("Qwen3Config", "Qwen3Model", False, dict(_GQA, head_dim=16)),
+    "falcon": ("FalconConfig", "FalconModel", False, dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4)),
+    "gptj": ("GPTJConfig", "GPTJModel", False, dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8)),
+    "codegen": ("CodeGenConfig", "CodeGenModel", False, dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8)),
+    "gpt-bigcode": ("GPTBigCodeConfig", "GPTBigCodeModel", False, dict(n_embd=64, n_layer=2, n_head=4)),
 }
 
 
@@ -158,3 +165,34 @@ def test_sizes_a_vision_model_branches_on_are_refused_by_name():
     x = torch.randn(3, 3, 64, 64)
     with torch.no_grad():
         assert rel_err(c(pixel_values=x).last_hidden_state, mobilenet(pixel_values=x).last_hidden_state) < 1e-4
+
+
+def test_speech_architectures_compile_once_and_match_eager():
+    torch.manual_seed(0)
+    wav2vec = transformers.Wav2Vec2Model(
+        transformers.Wav2Vec2Config(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, conv_dim=(16, 16),
+            conv_kernel=(10, 3), conv_stride=(5, 2), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+        )
+    ).eval()  # fmt: skip
+    whisper = transformers.WhisperModel(
+        transformers.WhisperConfig(
+            d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+            encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16, max_source_positions=50,
+        )
+    ).eval()  # fmt: skip
+    before = symfuse.compile_count()
+    c = symfuse.compile(wav2vec, {"input_values": torch.randn(2, 800)}, {"input_values": {0: "B", 1: "L"}})
+    for b, n in [(1, 400), (3, 701), (2, 1600)]:
+        x = torch.randn(b, n)
+        with torch.no_grad():
+            assert rel_err(c(input_values=x).last_hidden_state, wav2vec(input_values=x).last_hidden_state) < 1e-4
+    example = {"input_features": torch.randn(2, 16, 100), "decoder_input_ids": torch.randint(0, 100, (2, 8))}
+    dyn = {"input_features": {0: "B"}, "decoder_input_ids": {0: "B", 1: "T"}}
+    c = symfuse.compile(whisper, {**example, "use_cache": False}, dyn)
+    for b, t in [(1, 1), (3, 7), (2, 16)]:
+        x = {"input_features": torch.randn(b, 16, 100), "decoder_input_ids": torch.randint(0, 100, (b, t))}
+        with torch.no_grad():
+            ref = whisper(**x, use_cache=False).last_hidden_state
+        assert rel_err(c(**x, use_cache=False).last_hidden_state, ref) < 1e-4
+    assert symfuse.compile_count() == before + 2

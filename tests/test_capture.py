@@ -210,6 +210,35 @@ def test_the_sizes_the_model_branched_on_are_checked_on_every_call(tmp_path):
         loaded(torch.randn(2, 7), torch.randn(2, 3))
 
 
+class AudioAndRepeats(torch.nn.Module):
+    """What speech encoders and rotary attention use: a weight-normalised grouped conv1d,
+    group norm, repeats and repeat_interleave, index_select."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, 8, 3, stride=2, padding=1)
+        self.pos = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(8, 8, 5, padding=2, groups=2), dim=2)
+        self.norm = torch.nn.GroupNorm(2, 8)
+        self.register_buffer("pick", torch.tensor([3, 0, 0, 5]))
+
+    def forward(self, x):
+        h = self.norm(self.conv(x))
+        h = h + self.pos(h)
+        r = h[:, :2].repeat(1, 2, 1).repeat_interleave(2, dim=1)
+        return r, h.index_select(1, self.pick), h.repeat(2, 1, 1)
+
+
+def test_conv1d_group_norm_weight_norm_repeats_index_select(seeded):
+    m = AudioAndRepeats().eval()
+    before = symfuse.compile_count()
+    c = symfuse.compile(m, (torch.randn(2, 4, 16),), {"x": {0: "B", 1: None, 2: "L"}})
+    for shape in [(1, 4, 1), (2, 4, 7), (3, 4, 16), (1, 4, 97)]:
+        x = torch.randn(shape)
+        with torch.no_grad():
+            assert rel_err(c(x), m(x)) < 1e-5, shape
+    assert symfuse.compile_count() == before + 1
+
+
 def test_a_transformers_cache_in_the_output_says_to_turn_the_cache_off():
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(

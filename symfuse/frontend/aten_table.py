@@ -385,6 +385,40 @@ def pad_constant(cv, x, sides: dict, fill):
     return x
 
 
+@converts(aten.repeat.default)
+def _repeat(cv, a):
+    """`x.repeat(r0, r1, ...)`: each dim d tiled r times as a new outer dim (r, d), merged."""
+    x = cv.tensor(a["self"])
+    reps = [cv.scalar(r) for r in a["repeats"]]
+    s = [dim(1)] * (len(reps) - x.type.rank) + list(x.type.shape)
+    if len(s) != x.type.rank:
+        x = cv.emit("reshape", [x], shape=tuple(s))
+    inner = [d for d in s for d in (dim(1), d)]
+    outer = [d for r, d in zip(reps, s) for d in (dim(r), d)]
+    y = cv.emit("expand", [cv.emit("reshape", [x], shape=tuple(inner))], sizes=tuple(outer))
+    return cv.emit("reshape", [y], shape=tuple(dim(r) * d for r, d in zip(reps, s)))
+
+
+@converts(aten.repeat_interleave.self_int)
+def _repeat_interleave(cv, a):
+    """`x.repeat_interleave(r, dim)`: each element of the dim r times in a row."""
+    x = cv.tensor(a["self"])
+    if a.get("dim") is None:
+        x = cv.emit("reshape", [x], shape=(x.type.numel,))
+    k = (0 if a.get("dim") is None else a["dim"]) % x.type.rank
+    r = dim(cv.scalar(a["repeats"]))
+    s = list(x.type.shape)
+    y = cv.emit("reshape", [x], shape=tuple(s[: k + 1] + [dim(1)] + s[k + 1 :]))
+    y = cv.emit("expand", [y], sizes=tuple(s[: k + 1] + [r] + s[k + 1 :]))
+    return cv.emit("reshape", [y], shape=tuple(s[:k] + [s[k] * r] + s[k + 1 :]))
+
+
+@converts(aten.index_select.default)
+def _index_select(cv, a):
+    x = cv.tensor(a["self"])
+    return cv.emit("index", [x, cv.tensor(a["index"])], dims=(a["dim"] % x.type.rank,))
+
+
 @converts(aten.cat.default)
 def _cat(cv, a):
     return cv.emit("cat", [cv.tensor(t) for t in a["tensors"]], dim=a.get("dim", 0))
@@ -629,6 +663,66 @@ def _conv2d(cv, a):
         stride=_pair(a.get("stride", 1)), padding=_pair(a.get("padding", 0)),
         dilation=_pair(a.get("dilation", 1)), groups=int(a.get("groups", 1)),
     )  # fmt: skip
+
+
+@converts(aten.conv1d.default, aten.conv1d.padding)
+def _conv1d(cv, a):
+    """As a 2-D convolution over a height of 1 (the weight reshaped once, at capture)."""
+    x, w = cv.tensor(a["input"]), _constant(cv, a["weight"], "conv1d's weight")
+    padding = a.get("padding", 0)
+    if isinstance(padding, str):
+        if padding != "valid":
+            raise Unsupported(f"conv1d with padding={padding!r} (give the padding as a number)")
+        padding = 0
+    (pad,) = (padding,) if isinstance(padding, int) else tuple(padding)
+    (stride,) = (a.get("stride", 1),) if isinstance(a.get("stride", 1), int) else tuple(a["stride"])
+    dil = a.get("dilation", 1)
+    (dil,) = (dil,) if isinstance(dil, int) else tuple(dil)
+    s = list(x.type.shape)
+    x = cv.emit("reshape", [x], shape=tuple(s[:-1] + [dim(1)] + s[-1:]))
+    w = cv.b.constant(f"{cv.name}_weight", w.unsqueeze(2).contiguous())
+    y = cv.emit(
+        "conv2d", [x, w, cv.opt(a.get("bias"))], stride=(1, int(stride)), padding=(0, int(pad)),
+        dilation=(1, int(dil)), groups=int(a.get("groups", 1)),
+    )  # fmt: skip
+    t = list(y.type.shape)
+    return cv.emit("reshape", [y], shape=tuple(t[:-2] + t[-1:]))
+
+
+def _constant(cv, node, what: str) -> torch.Tensor:
+    """The value of a model constant (a parameter or buffer), for ops that rewrite it at capture."""
+    v = cv.tensor(node)
+    t = cv.b.graph.constants.get(v)
+    if t is None:
+        raise Unsupported(f"{what} computed by the model (symfuse takes it as a parameter)")
+    return t
+
+
+@converts(aten._weight_norm.default)
+def _weight_norm(cv, a):
+    """A weight-normalised parameter (`nn.utils.parametrizations.weight_norm`), computed once
+    at capture from its direction and magnitude."""
+    v = _constant(cv, a["v"], "weight norm's direction")
+    g = _constant(cv, a["g"], "weight norm's magnitude")
+    return cv.b.constant(cv.name, torch._weight_norm(v, g, a.get("dim", 0)).detach())
+
+
+@converts(aten.group_norm.default)
+def _group_norm(cv, a):
+    """Normalised over each group of channels (a layer norm over [C/G, *spatial] after a
+    reshape), then the per-channel affine map."""
+    x = cv.tensor(a["input"])
+    s = list(x.type.shape)
+    groups = int(a["num_groups"])
+    y = cv.emit("reshape", [x], shape=(s[0], dim(groups), -1))
+    y = cv.emit("layer_norm", [y, None, None], normalized_shape=(y.type.shape[-1],), eps=float(a.get("eps", 1e-5)))
+    y = cv.emit("reshape", [y], shape=tuple(s))
+    per_channel = (s[1],) + (dim(1),) * (len(s) - 2)
+    if a.get("weight") is not None:
+        y = cv.emit("mul", [y, cv.emit("reshape", [cv.tensor(a["weight"])], shape=per_channel)])
+    if a.get("bias") is not None:
+        y = cv.emit("add", [y, cv.emit("reshape", [cv.tensor(a["bias"])], shape=per_channel)])
+    return y
 
 
 @converts(aten.scaled_dot_product_attention.default)
