@@ -239,6 +239,45 @@ def test_conv1d_group_norm_weight_norm_repeats_index_select(seeded):
     assert symfuse.compile_count() == before + 1
 
 
+class Decomposed(torch.nn.Module):
+    """Ops symfuse has no conversion of its own for, which torch's core ATen decompositions
+    turn into ops it has (mish, hardswish, softplus, GLU, PReLU, rms_norm, logsumexp, roll,
+    tril, einsum, pixel shuffle, a 1-D pool), and ones converted directly (var, std,
+    max.dim, flip, ELU, leaky ReLU, instance norm, nearest upsampling)."""
+
+    def __init__(self):
+        super().__init__()
+        acts = [torch.nn.Mish(), torch.nn.Hardswish(), torch.nn.Hardsigmoid(), torch.nn.ELU(0.5), torch.nn.Softplus()]
+        self.acts = torch.nn.Sequential(*acts, torch.nn.LeakyReLU(0.1), torch.nn.PReLU(4))
+        self.rms, self.inorm = torch.nn.RMSNorm(6), torch.nn.InstanceNorm2d(4, affine=True)
+
+    def forward(self, x):  # x: [B, 4, H, 6]
+        a = self.acts(x)
+        s = torch.nn.functional.glu(self.rms(a), dim=-1) + torch.logsumexp(a, -1, keepdim=True)
+        s = (
+            s
+            + a.var(-1, keepdim=True)[..., :3]
+            + a.std((1, 2), keepdim=True)[..., :3]
+            + a.max(1, keepdim=True).values[..., :3]
+        )
+        r = torch.roll(x, shifts=(1, -2), dims=(2, 3)).flip(2).tril()
+        e = torch.einsum("bchw,bcvw->bchv", x, r)
+        up = torch.nn.functional.interpolate(self.inorm(x), scale_factor=2, mode="nearest")
+        ps = torch.nn.functional.pixel_shuffle(up, 2)
+        return s, e, ps, torch.nn.functional.avg_pool1d(x.flatten(2), 3, stride=2)
+
+
+def test_ops_converted_through_torchs_decompositions_or_directly(seeded):
+    m = Decomposed().eval()
+    before = symfuse.compile_count()
+    c = symfuse.compile(m, (torch.randn(2, 4, 5, 6),), {"x": {0: "B", 2: "H"}})
+    for shape in [(1, 4, 1, 6), (2, 4, 7, 6), (3, 4, 16, 6)]:
+        x = torch.randn(shape)
+        with torch.no_grad():
+            assert rel_err(c(x), m(x)) < 1e-5, shape
+    assert symfuse.compile_count() == before + 1
+
+
 def test_a_transformers_cache_in_the_output_says_to_turn_the_cache_off():
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(

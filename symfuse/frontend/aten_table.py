@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from symfuse.ir.dims import Dim, dim, product, slice_bound
+from symfuse.ir.dims import Dim, dim, exact_quotient, product, slice_bound
 from symfuse.ir.dtypes import DType
 
 aten = torch.ops.aten
@@ -118,6 +118,35 @@ def _filler(cv, value, dtype: DType):
     if not isinstance(v, Dim):
         v = bool(v) if dtype == DType.bool else float(v) if dtype.is_float else int(v)
     return cv.b.scalar(v, dtype=dtype, loc=cv.loc)
+
+
+@converts(aten.log1p.default)
+def _log1p(cv, a):
+    return cv.emit("log", [cv.emit("add", [cv.tensor(a["self"]), cv.operand(1.0)])])
+
+
+@converts(aten.elu.default)
+def _elu(cv, a):
+    """scale * (x where x > 0, else alpha * (exp(x * input_scale) - 1))."""
+    x = cv.tensor(a["self"])
+    alpha, scale, in_scale = (float(a.get(k, 1.0)) for k in ("alpha", "scale", "input_scale"))
+    neg = cv.emit("sub", [cv.emit("exp", [cv.emit("mul", [x, cv.operand(in_scale)])]), cv.operand(1.0)])
+    y = cv.emit("where", [cv.emit("gt", [x, cv.operand(0.0)]), x, cv.emit("mul", [neg, cv.operand(alpha)])])
+    return y if scale == 1.0 else cv.emit("mul", [y, cv.operand(scale)])
+
+
+@converts(aten.leaky_relu.default)
+def _leaky_relu(cv, a):
+    x = cv.tensor(a["self"])
+    slope = float(a.get("negative_slope", 0.01))
+    return cv.emit("where", [cv.emit("gt", [x, cv.operand(0.0)]), x, cv.emit("mul", [x, cv.operand(slope)])])
+
+
+@converts(aten.fmod.Scalar, aten.fmod.Tensor)
+def _fmod(cv, a):
+    """C's remainder (the sign of the dividend): x - y * trunc(x / y)."""
+    x, y = cv.operand(a["self"]), cv.operand(a["other"])
+    return cv.emit("sub", [x, cv.emit("mul", [y, cv.emit("div", [x, y], rounding_mode="trunc")])])
 
 
 @converts(aten.pow.Tensor_Scalar)
@@ -419,6 +448,40 @@ def _index_select(cv, a):
     return cv.emit("index", [x, cv.tensor(a["index"])], dims=(a["dim"] % x.type.rank,))
 
 
+@converts(aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default)
+def _upsample_nearest(cv, a):
+    """Nearest upsampling by whole factors: each pixel repeated s times along H and W (the
+    factors from `scale_factors`, or from an output size that is a whole multiple)."""
+    x = cv.tensor(a["input"] if "input" in a else a["self"])
+    n, c, h, w = x.type.shape
+    factors = a.get("scale_factors") or a.get("scales")
+    if factors is not None and all(f is not None for f in factors):
+        if any(float(f) != int(f) or f < 1 for f in factors):
+            raise Unsupported(f"nearest upsampling by {list(factors)} (whole factors only)")
+        sh, sw = (int(f) for f in factors)
+    else:
+        size = [dim(cv.scalar(v)) for v in a["output_size"]]
+        quotients = [exact_quotient(o, i) for o, i in zip(size, (h, w))]
+        if any(q is None or not q.is_Integer or q < 1 for q in quotients):
+            raise Unsupported(f"nearest upsampling from {h}x{w} to {size[0]}x{size[1]} (whole factors only)")
+        sh, sw = (int(q) for q in quotients)
+    y = cv.emit("reshape", [x], shape=(n, c, h, dim(1), w, dim(1)))
+    y = cv.emit("expand", [y], sizes=(n, c, h, dim(sh), w, dim(sw)))
+    return cv.emit("reshape", [y], shape=(n, c, h * sh, w * sw))
+
+
+@converts(aten.flip.default)
+def _flip(cv, a):
+    """Each flipped dim read through the index `size - 1 - i`."""
+    x = cv.tensor(a["self"])
+    for k in sorted({d % x.type.rank for d in a["dims"]}):
+        n = x.type.shape[k]
+        i = cv.emit("arange", [], start=dim(0), end=n, step=1, dtype=DType.int64)
+        rev = cv.emit("sub", [cv.operand(n - 1), i])
+        x = cv.emit("index", [x, rev], dims=(k,))
+    return x
+
+
 @converts(aten.cat.default)
 def _cat(cv, a):
     return cv.emit("cat", [cv.tensor(t) for t in a["tensors"]], dim=a.get("dim", 0))
@@ -539,6 +602,31 @@ def _vector_norm(cv, a):
         return cv.emit("amax" if p > 0 else "amin", [ax], dims=dims, keepdim=keep)
     powered = cv.emit("sum", [cv.emit("pow_scalar", [ax], exponent=p)], dims=dims, keepdim=keep, dtype=None)
     return cv.emit("pow_scalar", [powered], exponent=1.0 / p)
+
+
+@converts(aten.var.correction, aten.var.dim, aten.std.correction, aten.std.dim)
+def _var_std(cv, a):
+    """Variance as the mean of squared deviations over n - correction elements; std its root."""
+    x = cv.tensor(a["self"])
+    if not x.type.dtype.is_float:
+        raise Unsupported(f"variance of a {x.type.dtype} tensor")
+    dims = tuple(d % x.type.rank for d in (a.get("dim") or range(x.type.rank)))
+    correction = a.get("correction")
+    correction = (1 if a.get("unbiased", True) else 0) if correction is None else correction
+    keep = a.get("keepdim", False)
+    dev = cv.emit("sub", [x, cv.emit("mean", [x], dims=dims, keepdim=True, dtype=None)])
+    total = cv.emit("sum", [cv.emit("mul", [dev, dev])], dims=dims, keepdim=keep, dtype=None)
+    n = product(x.type.shape[d] for d in dims) - dim(correction)
+    out = cv.emit("div", [total, cv.emit("cast", [cv.operand(n)], dtype=x.type.dtype)], rounding_mode=None)
+    return cv.emit("sqrt", [out]) if cv.target in (aten.std.correction, aten.std.dim) else out
+
+
+@converts(aten.max.dim, aten.min.dim)
+def _max_dim(cv, a):
+    """The values of `x.max(dim)`; the indices are not computed (an argmax reading them is
+    refused when converted)."""
+    op = "amax" if cv.target is aten.max.dim else "amin"
+    return cv.emit(op, [cv.tensor(a["self"])], dims=(a["dim"],), keepdim=a.get("keepdim", False)), None
 
 
 @converts(aten.amax.default, aten.amin.default)
@@ -665,6 +753,31 @@ def _conv2d(cv, a):
     )  # fmt: skip
 
 
+@converts(aten._native_batch_norm_legit.no_stats, aten._native_batch_norm_legit.default)
+def _batch_norm_from_batch(cv, a):
+    """Batch norm normalised by the batch's own statistics (instance norm reaches it so:
+    each sample's channels as channels of one batch): the mean and biased variance over
+    every dim but the channels'."""
+    x = cv.tensor(a["input"])
+    if a.get("training") is False and "running_mean" in a:
+        raise Unsupported("batch norm in eval mode with running statistics through _native_batch_norm_legit")
+    dims = tuple(d for d in range(x.type.rank) if d != 1)
+    dev = cv.emit("sub", [x, cv.emit("mean", [x], dims=dims, keepdim=True, dtype=None)])
+    var = cv.emit("mean", [cv.emit("mul", [dev, dev])], dims=dims, keepdim=True, dtype=None)
+    y = cv.emit("mul", [dev, cv.emit("rsqrt", [cv.emit("add", [var, cv.operand(float(a.get("eps", 1e-5)))])])])
+    return _channel_affine(cv, y, a), None, None
+
+
+def _channel_affine(cv, y, a):
+    """`y * weight + bias` with both per channel (dim 1), either absent."""
+    per_channel = (y.type.shape[1],) + (dim(1),) * (y.type.rank - 2)
+    if a.get("weight") is not None:
+        y = cv.emit("mul", [y, cv.emit("reshape", [cv.tensor(a["weight"])], shape=per_channel)])
+    if a.get("bias") is not None:
+        y = cv.emit("add", [y, cv.emit("reshape", [cv.tensor(a["bias"])], shape=per_channel)])
+    return y
+
+
 @converts(aten.conv1d.default, aten.conv1d.padding)
 def _conv1d(cv, a):
     """As a 2-D convolution over a height of 1 (the weight reshaped once, at capture)."""
@@ -716,13 +829,7 @@ def _group_norm(cv, a):
     groups = int(a["num_groups"])
     y = cv.emit("reshape", [x], shape=(s[0], dim(groups), -1))
     y = cv.emit("layer_norm", [y, None, None], normalized_shape=(y.type.shape[-1],), eps=float(a.get("eps", 1e-5)))
-    y = cv.emit("reshape", [y], shape=tuple(s))
-    per_channel = (s[1],) + (dim(1),) * (len(s) - 2)
-    if a.get("weight") is not None:
-        y = cv.emit("mul", [y, cv.emit("reshape", [cv.tensor(a["weight"])], shape=per_channel)])
-    if a.get("bias") is not None:
-        y = cv.emit("add", [y, cv.emit("reshape", [cv.tensor(a["bias"])], shape=per_channel)])
-    return y
+    return _channel_affine(cv, cv.emit("reshape", [y], shape=tuple(s)), a)
 
 
 @converts(aten.scaled_dot_product_attention.default)

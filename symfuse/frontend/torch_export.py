@@ -2,7 +2,8 @@
 
 The model is exported once with every dynamic dim marked `Dim.AUTO`, decomposed to the
 functional ATen IR with high-level
-ops kept (`run_decompositions({})`), and converted node by node through `ATEN`. Shapes
+ops kept (`run_decompositions({})`; ops `ATEN` lacks through torch's core decompositions
+where they have one), and converted node by node through `ATEN`. Shapes
 are not taken from torch: every node's type comes from the registry's shape rules, with
 the dims of the inputs as the only symbols, so all shape facts live in symfuse's store.
 Parameters and buffers are frozen into the graph as constants.
@@ -300,7 +301,7 @@ def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
             except UnsupportedOpsError as e:
                 ops = sorted({op for op, _, _ in e.problems})
                 log.info("symfuse: export's IR has %s; tracing it into the inference IR", ", ".join(ops))
-                ep = ep.run_decompositions({})
+                ep = _decomposed(ep)
                 captured = None
     finally:
         model.train(was_training)
@@ -315,6 +316,29 @@ def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
     }
     captured.notes += notes
     return captured
+
+
+def _unmapped(target) -> bool:
+    known = (operator.getitem, torch.ops.aten.sym_size.int)
+    return target not in ATEN and target not in SYM_OPS and target not in known
+
+
+def _decomposed(ep):
+    """The inference IR (`run_decompositions({})`); then, for the ops the table still lacks
+    that torch's core ATen decompositions cover (mish, var, rms_norm, upsampling, ...),
+    those decompositions, until every op maps or nothing more decomposes."""
+    first = ep = ep.run_decompositions({})
+    core = torch.export.default_decompositions()
+    for _ in range(8):
+        missing = {n.target for n in ep.graph.nodes if n.op == "call_function" and _unmapped(n.target)}
+        if not missing:
+            return ep
+        table = {op: core[op] for op in missing if op in core}
+        if not table:
+            break
+        log.info("symfuse: decomposing %s", ", ".join(sorted(map(str, table))))
+        ep = ep.run_decompositions(table)
+    return first  # (the ops still missing are reported as the model wrote them, not as torch's parts)
 
 
 _SIZE = re.compile(r"L((?:\[[^\[\]]+\])+)\.size\(\)\[(\d+)\]")
@@ -460,11 +484,7 @@ def _convert(ep, inputs: dict[str, Any], decls: dict[str, dict[int, DimDecl]], m
     calls = [n for n in ep.graph.nodes if n.op == "call_function"]
     missing = []
     for n in calls:
-        if (
-            n.target not in ATEN
-            and n.target not in SYM_OPS
-            and n.target not in (operator.getitem, torch.ops.aten.sym_size.int)
-        ):
+        if _unmapped(n.target):
             missing.append((str(n.target), "no symfuse op for it", source_location(n)))
     if missing:
         raise UnsupportedOpsError(missing)
@@ -514,7 +534,9 @@ def _convert_node(cv: Converter, n: torch.fx.Node) -> Any:
     if n.target is operator.getitem:
         got = cv.env[n.args[0]][n.args[1]]
         if got is None:
-            raise Unsupported(f"output {n.args[1]} of {n.args[0].target} is not computed in inference")
+            raise Unsupported(
+                f"output {n.args[1]} of {n.args[0].target} is not computed by symfuse (indices, statistics)"
+            )
         return got
     return ATEN[n.target](cv, _bind(n))
 

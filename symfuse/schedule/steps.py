@@ -244,6 +244,8 @@ class _Builder:
         step_name = f"{s.name}_copy"
         if name in self.items:  # both operands copy the same tensor (x @ x^T): one copy each
             name, step_name = f"{name}_{operand}", f"{step_name}_{operand}"
+        elif any(st.name == step_name for st in self.steps):  # both operands copy, each its own tensor
+            step_name = f"{step_name}_{operand}"
         axes = tuple(axis(i) for i in range(len(sizes)))
         body = substitute(load, dict(zip(variables, axes)))
         te = TE(name, tuple(sizes), self.buffers[load.tensor].dtype, axes, body, f"copy for {s.anchor}")
