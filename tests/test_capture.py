@@ -183,7 +183,7 @@ def test_constant_pads_and_a_1d_pool(seeded):
 class BranchesOnSizes(torch.nn.Module):
     def forward(self, x, y):  # "same" padding from the size's remainder; a branch on two sizes' equality
         pad = 1 if x.shape[-1] % 2 == 0 else 2
-        out = torch.nn.functional.pad(x, (0, pad))
+        out = torch.nn.functional.mish(torch.nn.functional.pad(x, (0, pad)))  # (mish: captured through decomposition)
         return out * 2.0 if x.shape[0] == y.shape[0] else out
 
 

@@ -291,6 +291,7 @@ def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
                 ep = torch.export.export(exported, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
             except RuntimeError as e:
                 raise _explained(e) from e
+            guards = list(getattr(ep, "_guards_code", None) or [])  # (the conditions the trace holds under)
             t2 = time.perf_counter()
             # export's own IR converts as it is for most models; tracing it again into the
             # inference IR (run_decompositions) took 4 of BERT-base's 6 s of capture, so only
@@ -307,7 +308,6 @@ def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
         model.train(was_training)
     if captured is None:
         captured = _convert(ep, inputs, decls, model)
-    guards = getattr(ep, "_guards_code", None) or []
     captured.traced_under = _traced_under(guards, exported, args, kwargs, inputs, captured.declared)
     captured.seconds = time.perf_counter() - t0
     captured.stages = {
