@@ -242,7 +242,8 @@ def test_conv1d_group_norm_weight_norm_repeats_index_select(seeded):
 class Decomposed(torch.nn.Module):
     """Ops symfuse has no conversion of its own for, which torch's core ATen decompositions
     turn into ops it has (mish, hardswish, softplus, GLU, PReLU, rms_norm, logsumexp, roll,
-    tril, einsum, pixel shuffle, a 1-D pool), and ones converted directly (var, std,
+    tril, einsum, pixel shuffle, bilinear upsampling, adaptive max
+    pooling, a 1-D pool), and ones converted directly (var, std,
     max.dim, flip, ELU, leaky ReLU, instance norm, nearest upsampling)."""
 
     def __init__(self):
@@ -264,7 +265,11 @@ class Decomposed(torch.nn.Module):
         e = torch.einsum("bchw,bcvw->bchv", x, r)
         up = torch.nn.functional.interpolate(self.inorm(x), scale_factor=2, mode="nearest")
         ps = torch.nn.functional.pixel_shuffle(up, 2)
-        return s, e, ps, torch.nn.functional.avg_pool1d(x.flatten(2), 3, stride=2)
+        bl = torch.nn.functional.interpolate(x, scale_factor=2, mode="bilinear")
+        pooled = torch.nn.functional.adaptive_max_pool2d(x, 1).flatten(2) + torch.nn.functional.avg_pool1d(
+            x.flatten(2), 3, stride=2
+        )
+        return s, e, ps, bl, pooled
 
 
 def test_ops_converted_through_torchs_decompositions_or_directly(seeded):

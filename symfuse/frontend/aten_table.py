@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from symfuse.ir.dims import Dim, dim, exact_quotient, product, slice_bound
+from symfuse.ir.dims import dim, exact_quotient, product, slice_bound
 from symfuse.ir.dtypes import DType
 
 aten = torch.ops.aten
@@ -111,12 +111,10 @@ def _masked_fill(cv, a):
 def _filler(cv, value, dtype: DType):
     """`value` (a Python number or a 0-dim tensor) as a scalar of `dtype`, as torch converts a
     fill value to the filled tensor's dtype."""
-    if isinstance(value, torch.fx.Node):
-        v = cv.tensor(value)
+    if isinstance(value, torch.fx.Node):  # a tensor, or a size the model computed
+        v = cv.operand(value)
         return v if v.type.dtype == dtype else cv.emit("cast", [v], dtype=dtype)
-    v = cv.scalar(value)
-    if not isinstance(v, Dim):
-        v = bool(v) if dtype == DType.bool else float(v) if dtype.is_float else int(v)
+    v = bool(value) if dtype == DType.bool else float(value) if dtype.is_float else int(value)
     return cv.b.scalar(v, dtype=dtype, loc=cv.loc)
 
 
@@ -168,7 +166,13 @@ def _gelu(cv, a):
 def _clamp(cv, a):
     lo = a.get("min", a.get("min_val"))
     hi = a.get("max", a.get("max_val"))
-    return cv.emit("clamp", [cv.tensor(a["self"])], min=lo, max=hi)
+    x = cv.tensor(a["self"])
+    if all(v is None or isinstance(v, (int, float)) for v in (lo, hi)):
+        return cv.emit("clamp", [x], min=lo, max=hi)
+    for v, op in ((lo, "maximum"), (hi, "minimum")):  # a bound that is a size (H - 1): as a scalar operand
+        if v is not None:
+            x = cv.emit(op, [x, _filler(cv, v, x.type.dtype)])
+    return x
 
 
 @converts(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten.type_as.default)

@@ -324,21 +324,37 @@ def _unmapped(target) -> bool:
 
 
 def _decomposed(ep):
-    """The inference IR (`run_decompositions({})`); then, for the ops the table still lacks
-    that torch's core ATen decompositions cover (mish, var, rms_norm, upsampling, ...),
-    those decompositions, until every op maps or nothing more decomposes."""
-    first = ep = ep.run_decompositions({})
+    """The inference IR (`run_decompositions({})`); then each op the table still lacks that
+    torch's decompositions turn into ops it has (core ATen's first: mish, rms_norm, einsum,
+    bilinear upsampling, ...), decomposed. An op whose decomposition leaves something
+    unmapped stays as the model wrote it, so the error names it rather than torch's parts."""
+    from torch._decomp import decomposition_table as everything  # (overloads core leaves out: upsampling's .vec)
+
+    first = ep.run_decompositions({})
     core = torch.export.default_decompositions()
-    for _ in range(8):
-        missing = {n.target for n in ep.graph.nodes if n.op == "call_function" and _unmapped(n.target)}
-        if not missing:
-            return ep
-        table = {op: core[op] for op in missing if op in core}
-        if not table:
-            break
-        log.info("symfuse: decomposing %s", ", ".join(sorted(map(str, table))))
-        ep = ep.run_decompositions(table)
-    return first  # (the ops still missing are reported as the model wrote them, not as torch's parts)
+
+    def unmapped(e) -> set:
+        return {n.target for n in e.graph.nodes if n.op == "call_function" and _unmapped(n.target)}
+
+    def decomposition(op):
+        return core[op] if op in core else everything.get(op)
+
+    missing = unmapped(first)
+    table: dict = {}
+    for op in sorted(missing, key=str):
+        mine = {op: decomposition(op)}
+        for _ in range(6):  # what a decomposition produces may need decomposing in turn
+            if mine[op] is None or any(f is None for f in mine.values()):
+                break
+            left = unmapped(first.run_decompositions(mine)) - (missing - {op})
+            if not left:
+                table.update(mine)
+                break
+            mine.update({o: decomposition(o) for o in left})
+    if not table:
+        return first
+    log.info("symfuse: decomposing %s", ", ".join(sorted(map(str, table))))
+    return first.run_decompositions(table)
 
 
 _SIZE = re.compile(r"L((?:\[[^\[\]]+\])+)\.size\(\)\[(\d+)\]")
