@@ -40,6 +40,11 @@ def _pair(v) -> tuple[int, int]:
     return (int(v[0]), int(v[-1]))
 
 
+def _single(v) -> int:
+    """A 1-D op's stride, padding or dilation, given as a number or a one-element list."""
+    return int(v[0] if isinstance(v, (list, tuple)) else v)
+
+
 def _dt(v) -> DType | None:
     return DType.of(v) if v is not None else None
 
@@ -791,16 +796,12 @@ def _conv1d(cv, a):
         if padding != "valid":
             raise Unsupported(f"conv1d with padding={padding!r} (give the padding as a number)")
         padding = 0
-    (pad,) = (padding,) if isinstance(padding, int) else tuple(padding)
-    (stride,) = (a.get("stride", 1),) if isinstance(a.get("stride", 1), int) else tuple(a["stride"])
-    dil = a.get("dilation", 1)
-    (dil,) = (dil,) if isinstance(dil, int) else tuple(dil)
     s = list(x.type.shape)
     x = cv.emit("reshape", [x], shape=tuple(s[:-1] + [dim(1)] + s[-1:]))
     w = cv.b.constant(f"{cv.name}_weight", w.unsqueeze(2).contiguous())
     y = cv.emit(
-        "conv2d", [x, w, cv.opt(a.get("bias"))], stride=(1, int(stride)), padding=(0, int(pad)),
-        dilation=(1, int(dil)), groups=int(a.get("groups", 1)),
+        "conv2d", [x, w, cv.opt(a.get("bias"))], stride=(1, _single(a.get("stride", 1))),
+        padding=(0, _single(padding)), dilation=(1, _single(a.get("dilation", 1))), groups=int(a.get("groups", 1)),
     )  # fmt: skip
     t = list(y.type.shape)
     return cv.emit("reshape", [y], shape=tuple(t[:-2] + t[-1:]))

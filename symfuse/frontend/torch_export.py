@@ -339,18 +339,32 @@ def _decomposed(ep):
     def decomposition(op):
         return core[op] if op in core else everything.get(op)
 
-    missing = unmapped(first)
-    table: dict = {}
-    for op in sorted(missing, key=str):
-        mine = {op: decomposition(op)}
-        for _ in range(6):  # what a decomposition produces may need decomposing in turn
-            if mine[op] is None or any(f is None for f in mine.values()):
-                break
-            left = unmapped(first.run_decompositions(mine)) - (missing - {op})
+    def complete(ops: set):
+        """(table, program) decomposing `ops` and whatever their parts need in turn, if none of
+        it stays unmapped; else None."""
+        table = {op: decomposition(op) for op in ops}
+        for _ in range(6):
+            if any(f is None for f in table.values()):
+                return None
+            done = first.run_decompositions(table)
+            left = unmapped(done) - (missing - ops)
             if not left:
-                table.update(mine)
-                break
-            mine.update({o: decomposition(o) for o in left})
+                return table, done
+            table.update({o: decomposition(o) for o in left})
+        return None
+
+    missing = unmapped(first)
+    if not missing:
+        return first
+    whole = complete(missing)  # (the usual case: every op decomposes, in one trace per round)
+    if whole is not None:
+        log.info("symfuse: decomposing %s", ", ".join(sorted(map(str, whole[0]))))
+        return whole[1]
+    table: dict = {}
+    for op in sorted(missing, key=str):  # each on its own: keep those that decompose fully
+        mine = complete({op})
+        if mine is not None:
+            table.update(mine[0])
     if not table:
         return first
     log.info("symfuse: decomposing %s", ", ".join(sorted(map(str, table))))
