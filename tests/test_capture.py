@@ -453,3 +453,42 @@ def test_image_too_small_for_the_pooling_windows():
         c(**case.inputs(B=1, H=5))
     with torch.no_grad():
         assert rel_err(c(**case.inputs(B=1, H=6)), case.model(**case.inputs(B=1, H=6))) < 1e-4
+
+
+class ExtremesAndTheirIndices(torch.nn.Module):
+    def forward(self, x):
+        values, at = x.max(-1)
+        return x.argmax(1), x.argmin(-1, keepdim=True), values, at, x.argmax(), x.min(0).indices
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_argmax_argmin_and_max_dim_indices(backend, seeded):
+    """The first index of the extreme (ties: the first), as torch; dynamic dims, one compile."""
+    m = ExtremesAndTheirIndices()
+    before = symfuse.compile_count()
+    c = symfuse.compile(m, (torch.randn(3, 7, 5),), backend=backend)
+    for shape in [(1, 1, 1), (2, 13, 16), (3, 5, 7), (1, 16, 2)]:
+        x = torch.round(torch.randn(shape) * 2) / 2  # many ties
+        for got, want in zip(c(x), m(x)):
+            assert got.shape == want.shape and torch.equal(got, want), (shape, got, want)
+    assert symfuse.compile_count() == before + 1
+
+
+class NamedLikeTheGeneratedCode(torch.nn.Module):
+    """Inputs named as C++ words or as the generated kernels' own locals."""
+
+    def forward(self, x1, x2, i0, sym, row, acc1, int, default):  # noqa: A002
+        s = torch.softmax(x1 * x2 + i0, -1) * row
+        return (s + sym * acc1 * int).amax(-1) + default.sum(-1)
+
+
+def test_inputs_named_like_the_generated_code_compile_and_keep_their_names(seeded):
+    m = NamedLikeTheGeneratedCode()
+    names = ["x1", "x2", "i0", "sym", "row", "acc1", "int", "default"]
+    c = symfuse.compile(m, tuple(torch.randn(3, 7) for _ in names))
+    for b, s in [(1, 1), (5, 11), (2, 16)]:
+        xs = [torch.randn(b, s) for _ in names]
+        assert rel_err(c(*xs), m(*xs)) < 1e-5
+        assert rel_err(c(**dict(zip(names, xs))), m(*xs)) < 1e-5
+    with pytest.raises(ValueError, match="input 'i0' dim 0"):
+        c(*[torch.randn(4 if n == "i0" else 3, 7) for n in names])

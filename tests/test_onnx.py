@@ -469,3 +469,91 @@ def test_symbolic_folding_of_shape_arithmetic():
     outs = [("y", F, ["A", 2]), ("z", F, ["N", "S", 2]), ("w", F, ["N", "S", 2])]
     c = check(model(nodes, inputs, outs, inits))
     assert str(c.graph.outputs[0].type.shape[0]) == "N*S"
+
+
+@pytest.mark.parametrize(
+    "op, attrs",
+    [
+        ("Floor", {}), ("Ceil", {}), ("Sign", {}), ("Elu", {"alpha": 0.7}), ("Celu", {"alpha": 1.3}), ("Selu", {}),
+        ("Softplus", {}), ("Softsign", {}), ("Mish", {}), ("ThresholdedRelu", {"alpha": 0.4}),
+        ("Shrink", {"lambd": 0.3, "bias": 0.1}), ("Tan", {}), ("Sinh", {}), ("Cosh", {}),
+    ],
+)  # fmt: skip
+def test_unary_composites(op, attrs):
+    """Ops written as several registry ops, compiled to native code, at each binding."""
+    nodes = [oh.make_node("Mul", ["x", "three"], ["a"]), oh.make_node(op, ["a"], ["y"], **attrs)]
+    check(model(nodes, [X], [Y], {"three": np.float32(3.0)}), backend="cpu")
+
+
+@pytest.mark.parametrize("fmod, elem", [(0, I64), (1, I64), (1, F)])  # fmod=0 is for integers only
+def test_mod_both_signs(fmod, elem):
+    nodes = [oh.make_node("Mod", ["x", "b"], ["y"], fmod=fmod)]
+    divisors = [3, -3, 2, -5, 7, 3, -3, 4, 1, -2, 6, 5, -4, 3, 2, -7]
+    inits = {"b": np.array(divisors, np.float32 if elem == F else np.int64)}
+    m = model(nodes, [("x", elem, ["N", 16])], [("y", elem, ["N", 16])], inits)
+    check(m, [dict(N=1), dict(N=3), dict(N=16)], backend="cpu")
+
+
+def test_argmax_argmin_hardmax_isinf_prelu_xor_mean():
+    nodes = [
+        oh.make_node("Floor", ["x"], ["t"]),  # ties: the first index wins
+        oh.make_node("ArgMax", ["t"], ["am"], axis=1, keepdims=0),
+        oh.make_node("ArgMin", ["t"], ["an"], axis=0, keepdims=1, select_last_index=1),
+        oh.make_node("Hardmax", ["t"], ["h"], axis=-1),
+        oh.make_node("Div", ["x", "zero"], ["inf"]),
+        oh.make_node("IsInf", ["inf"], ["ii"], detect_negative=0),
+        oh.make_node("PRelu", ["x", "slope"], ["pr"]),
+        oh.make_node("Greater", ["x", "zero"], ["g"]),
+        oh.make_node("Less", ["x", "half"], ["l"]),
+        oh.make_node("Xor", ["g", "l"], ["xo"]),
+        oh.make_node("Mean", ["x", "pr", "h"], ["me"]),
+    ]
+    outs = [("am", I64, ["N"]), ("an", I64, [1, "S"]), ("h", F, ["N", "S"]), ("ii", BOOL, ["N", "S"]),
+            ("pr", F, ["N", "S"]), ("xo", BOOL, ["N", "S"]), ("me", F, ["N", "S"])]  # fmt: skip
+    inits = {"zero": np.float32(0.0), "half": np.float32(0.5), "slope": np.float32(0.25)}
+    check(model(nodes, [X], outs, inits), backend="cpu")
+
+
+def test_reduce_log_sum_exp_and_log_sum():
+    nodes = [
+        oh.make_node("Mul", ["x", "big"], ["b"]),  # exp of it alone overflows
+        oh.make_node("ReduceLogSumExp", ["b", "axes"], ["lse"], keepdims=0),
+        oh.make_node("Abs", ["x"], ["a"]),
+        oh.make_node("ReduceLogSum", ["a", "axes"], ["ls"], keepdims=1),
+    ]
+    outs = [("lse", F, ["N"]), ("ls", F, ["N", 1])]
+    check(model(nodes, [X], outs, {"big": np.float32(200.0), "axes": np.array([1], np.int64)}), backend="cpu")
+
+
+@pytest.mark.parametrize(
+    "op, attrs",
+    [
+        ("MaxPool", {"pads": [2, 2, 2, 2]}),  # larger than half the window: torch's pool refuses it
+        ("MaxPool", {"pads": [0, 1, 2, 0]}),  # uneven
+        ("MaxPool", {"ceil_mode": 1, "strides": [2, 2]}),
+        ("MaxPool", {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+        ("AveragePool", {"pads": [2, 1, 2, 0], "count_include_pad": 0}),
+        ("AveragePool", {"pads": [2, 1, 2, 0], "count_include_pad": 1}),
+        ("AveragePool", {"ceil_mode": 1, "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+        ("AveragePool", {"auto_pad": "SAME_LOWER", "strides": [2, 2]}),
+        ("Conv", {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+        ("Conv", {"pads": [0, 2, 1, 0]}),
+    ],
+)
+def test_window_padding_torch_cannot_express(op, attrs):
+    """Padding explicitly first: uneven, over half the window, SAME with a stride, ceil_mode."""
+    h, w = 11, 8
+    ins = [("x", F, [1, 2, h, w])]
+    inits = {}
+    if op == "Conv":
+        inits["w"] = np.random.default_rng(1).standard_normal((3, 2, 3, 3)).astype(np.float32)
+        node = oh.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], **attrs)
+    else:
+        node = oh.make_node(op, ["x"], ["y"], kernel_shape=[3, 3], **attrs)
+    x = oh.make_tensor_value_info("x", F, [1, 2, h, w])
+    g = oh.make_graph([node], "t", [x], [oh.make_tensor_value_info("y", F, None)],
+                      [numpy_helper.from_array(v, k) for k, v in inits.items()])  # fmt: skip
+    inferred = onnx.shape_inference.infer_shapes(oh.make_model(g, opset_imports=[oh.make_opsetid("", 18)]))
+    shape = [d.dim_value for d in inferred.graph.output[0].type.tensor_type.shape.dim]
+    m = model([node], ins, [("y", F, shape)], inits)
+    check(m, [{}], backend="cpu")

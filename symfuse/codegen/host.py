@@ -274,7 +274,7 @@ class _Host:
             else:
                 lines = self.opaque(st)
             body.append([f"# {st.name}"] + lines)
-            reads.append({name for line in lines for name in re.findall(r"\bt_(\w+)", line) + _marked(line)})
+            reads.append({name for line in lines for name in _named(line)})
         last: dict[str, int] = {}
         for i, r in enumerate(reads):
             for name in r:
@@ -341,10 +341,19 @@ class _Host:
 
 
 _MARK = re.compile(r"@(ptr|buf|off|lib)\{(\w+)\}")
+_TENSOR = re.compile(r"(?<![\w'\"])t_(\w+)")  # a buffer's tensor `t_x`; not a name in quotes ('t_x': a value named t_x)
 
 
 def _marked(line: str) -> list[str]:
     return [m.group(2) for m in _MARK.finditer(line)]
+
+
+def _named(line: str) -> list[str]:
+    """The buffers a host line names: as tensors `t_x`, through marks (`@ptr{x}`), or allocated
+    (`@alloc x`); a bare or marked name may itself begin with `t_`."""
+    if line.strip().startswith("@alloc "):
+        return [line.split()[1]]
+    return _TENSOR.findall(_MARK.sub("", line)) + _marked(line)
 
 
 def _address_only(body: list[list[str]], in_workspace: set[str]) -> set[str]:
@@ -353,7 +362,7 @@ def _address_only(body: list[list[str]], in_workspace: set[str]) -> set[str]:
     own, only an address (making a tensor per buffer per call, then freeing it, cost about
     1 us each)."""
     tensors = {name for lines in body for line in lines if not line.strip().startswith("@alloc ")
-               for name in re.findall(r"\bt_(\w+)", line)}  # fmt: skip
+               for name in _TENSOR.findall(_MARK.sub("", line))}  # fmt: skip
     return in_workspace - tensors
 
 

@@ -630,12 +630,40 @@ def _var_std(cv, a):
     return cv.emit("sqrt", [out]) if cv.target in (aten.std.correction, aten.std.dim) else out
 
 
+def arg_extreme(cv, x, axis: int | None, keepdim: bool, largest: bool, last: bool = False):
+    """`(values, indices)` of the largest (or smallest) element along `axis` (None: of the
+    flattened tensor): the extreme by one reduction, then the first (`last`: the last) index
+    where it is met, or where `x` is NaN (as torch, a NaN counts as the extreme), by a second
+    reduction over `where(hit, index, size)`. Both frontends' argmax and argmin."""
+    if axis is None:
+        rank = x.type.rank
+        flat = cv.emit("reshape", [x], shape=(product(x.type.shape),))
+        values, at = arg_extreme(cv, flat, 0, False, largest, last)
+        if keepdim:
+            values, at = (cv.emit("reshape", [t], shape=(dim(1),) * rank) for t in (values, at))
+        return values, at
+    axis %= max(x.type.rank, 1)
+    size = x.type.shape[axis]
+    ext = cv.emit("amax" if largest else "amin", [x], dims=(axis,), keepdim=True)
+    hit = cv.emit("logical_or", [cv.emit("eq", [x, ext]), cv.emit("ne", [x, x])])
+    shape = tuple(size if k == axis else dim(1) for k in range(x.type.rank))
+    index = cv.emit("reshape", [cv.emit("arange", [], start=dim(0), end=size, step=1, dtype=DType.int64)], shape=shape)
+    past = int(size) if size.is_Integer else size
+    miss = cv.emit("full", [], shape=(), value=-1 if last else past, dtype=DType.int64)
+    at = cv.emit("amax" if last else "amin", [cv.emit("where", [hit, index, miss])], dims=(axis,), keepdim=keepdim)
+    return (ext if keepdim else cv.emit("reshape", [ext], shape=at.type.shape)), at
+
+
 @converts(aten.max.dim, aten.min.dim)
 def _max_dim(cv, a):
-    """The values of `x.max(dim)`; the indices are not computed (an argmax reading them is
-    refused when converted)."""
-    op = "amax" if cv.target is aten.max.dim else "amin"
-    return cv.emit(op, [cv.tensor(a["self"])], dims=(a["dim"],), keepdim=a.get("keepdim", False)), None
+    """`x.max(dim)`: values and indices."""
+    return arg_extreme(cv, cv.tensor(a["self"]), a["dim"], a.get("keepdim", False), cv.target is aten.max.dim)
+
+
+@converts(aten.argmax.default, aten.argmin.default)
+def _argmax(cv, a):
+    x, largest = cv.tensor(a["self"]), cv.target is aten.argmax.default
+    return arg_extreme(cv, x, a.get("dim"), a.get("keepdim", False), largest)[1]
 
 
 @converts(aten.amax.default, aten.amin.default)

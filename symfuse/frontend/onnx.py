@@ -313,6 +313,8 @@ def capture_onnx(model: Any, dynamic: Any = None) -> Captured:
                 outs = FOLD[node.op_type](cx, on)
             if outs is None and known and node.op_type not in ("Constant",):
                 outs = _fold_with_reference(node, ins, opset)
+            if outs is None and node.op_type not in ONNX_OPS:
+                raise Unsupported(f"{node.op_type} on tensors computed at run time (symfuse folds it on known values)")
             if outs is None:
                 outs = ONNX_OPS[node.op_type](cx, on)
         except Unsupported as e:

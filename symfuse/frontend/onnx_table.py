@@ -19,7 +19,7 @@ import onnx
 import sympy
 import torch
 
-from symfuse.frontend.aten_table import Unsupported, pad_constant
+from symfuse.frontend.aten_table import Unsupported, arg_extreme, pad_constant
 from symfuse.ir.dims import ceildiv, dim, dmax, dmin, floordiv, mod, product
 from symfuse.ir.dtypes import DType
 from symfuse.ir.graph import Value
@@ -32,10 +32,11 @@ class OnnxNode:
     ins: list  # Value | np.ndarray | None per input
     attrs: dict[str, Any]
     opset: int
+    op_type: str = ""  # the op it converts as, when not its own (`Mean` as `Sum`)
 
     @property
     def op(self) -> str:
-        return self.proto.op_type
+        return self.op_type or self.proto.op_type
 
     def input(self, i: int) -> Any:
         return self.ins[i] if i < len(self.ins) else None
@@ -353,10 +354,12 @@ def _variadic(cx, n):
 
 @converts("Pow")
 def _pow(cx, n):
-    x, e = n.ins
+    x, e = cx.tensor(n.ins[0]), n.ins[1]
     if isinstance(e, np.ndarray) and e.size == 1 and e.dtype != object:
-        return cx.emit("pow_scalar", [cx.tensor(x)], exponent=float(e.reshape(-1)[0]))
-    return cx.emit("pow", [cx.tensor(x), cx.tensor(e)])
+        y = cx.emit("pow_scalar", [x], exponent=float(e.reshape(-1)[0]))
+    else:
+        y = cx.emit("pow", [x, cx.tensor(e)])
+    return y if y.type.dtype == x.type.dtype else cx.emit("cast", [y], dtype=x.type.dtype)  # ONNX: the base's type
 
 
 @converts("IsNaN")
@@ -379,8 +382,16 @@ def _cast(cx, n):
 
 @converts("Identity", "Dropout")
 def _identity(cx, n):
+    """Dropout at inference is the identity; in training mode (a `training_mode` input that
+    is not a known false, with a ratio that is not a known 0) it is random: refused."""
     if n.op == "Dropout" and n.used(1):
         raise Unsupported("Dropout's mask output")
+    if n.op == "Dropout" and n.input(2) is not None:
+        training, ratio = n.input(2), n.input(1)
+        off = isinstance(training, np.ndarray) and not training.reshape(-1)[0]
+        zero = isinstance(ratio, np.ndarray) and ratio.dtype != object and float(ratio.reshape(-1)[0]) == 0.0
+        if not (off or zero):
+            raise Unsupported("Dropout in training mode (random; symfuse compiles inference)")
     return cx.tensor(n.ins[0])
 
 
@@ -421,6 +432,133 @@ def _hardsigmoid(cx, n):
 def _hardswish(cx, n):
     x = cx.tensor(n.ins[0])
     return cx.emit("mul", [x, _hard_sigmoid(cx, x, 1 / 6, 0.5)])
+
+
+def _scalar(cx, x: Value, v: float) -> Value:
+    return cx.b.scalar(float(v) if x.type.dtype.is_float else int(v), x.type.dtype, loc=cx.loc)
+
+
+def _where_positive(cx, x: Value, neg: Value) -> Value:
+    return cx.emit("where", [cx.emit("gt", [x, _scalar(cx, x, 0)]), x, neg])
+
+
+def _softplus(cx, x: Value) -> Value:
+    """log(1 + exp(x)) as max(x, 0) + log(1 + exp(-|x|)): no overflow."""
+    small = cx.emit("exp", [cx.emit("neg", [cx.emit("abs", [x])])])
+    tail = cx.emit("log", [cx.emit("add", [_scalar(cx, x, 1), small])])
+    return cx.emit("add", [cx.emit("relu", [x]), tail])
+
+
+def _floor(cx, x: Value) -> Value:
+    return cx.emit("div", [x, _scalar(cx, x, 1)], rounding_mode="floor") if x.type.dtype.is_float else x
+
+
+@converts("Floor", "Ceil")
+def _floor_ceil(cx, n):
+    x = cx.tensor(n.ins[0])
+    return _floor(cx, x) if n.op == "Floor" else cx.emit("neg", [_floor(cx, cx.emit("neg", [x]))])
+
+
+@converts("Mod")
+def _mod(cx, n):
+    """fmod=1: C's remainder, with the dividend's sign (`a - b * trunc(a / b)`, and `a` itself
+    where the quotient truncates to 0, so an infinite divisor leaves `a`); fmod=0: with the
+    divisor's sign, as Python's % (the remainder moved by `b` where the signs differ)."""
+    a, b = cx.tensor(n.ins[0]), cx.tensor(n.ins[1])
+    q = cx.emit("div", [a, b], rounding_mode="trunc")
+    zero = _scalar(cx, q, 0)
+    r = cx.emit("where", [cx.emit("eq", [q, zero]), a, cx.emit("sub", [a, cx.emit("mul", [b, q])])])
+    if n.attrs.get("fmod", 0):
+        return r
+    zero = _scalar(cx, r, 0)
+    moved = cx.emit("logical_and", [
+        cx.emit("ne", [r, zero]), cx.emit("ne", [cx.emit("lt", [r, zero]), cx.emit("lt", [b, _scalar(cx, b, 0)])]),
+    ])  # fmt: skip
+    return cx.emit("where", [moved, cx.emit("add", [r, b]), r])
+
+
+@converts("Sign")
+def _sign(cx, n):
+    x = cx.tensor(n.ins[0])
+    pos, neg = (cx.emit("cast", [cx.emit(op, [x, _scalar(cx, x, 0)])], dtype=x.type.dtype) for op in ("gt", "lt"))
+    return cx.emit("sub", [pos, neg])
+
+
+@converts("IsInf")
+def _isinf(cx, n):
+    x = cx.tensor(n.ins[0])
+    pos = cx.emit("eq", [x, _scalar(cx, x, float("inf"))])
+    neg = cx.emit("eq", [x, _scalar(cx, x, float("-inf"))])
+    want = (n.attrs.get("detect_positive", 1), n.attrs.get("detect_negative", 1))
+    if want == (1, 1):
+        return cx.emit("logical_or", [pos, neg])
+    if want == (0, 0):
+        return cx.emit("logical_and", [pos, neg])  # never both
+    return pos if want[0] else neg
+
+
+@converts("Elu", "Celu", "Selu")
+def _elu(cx, n):
+    """alpha * (exp(x / alpha) - 1) below 0 (Celu divides by alpha, Elu does not); Selu scales both sides."""
+    x = cx.tensor(n.ins[0])
+    alpha = float(n.attrs.get("alpha", {"Elu": 1.0, "Celu": 1.0, "Selu": 1.6732632423543772}[n.op]))
+    inner = cx.emit("mul", [x, _scalar(cx, x, 1 / alpha)]) if n.op == "Celu" else x
+    neg = cx.emit("mul", [cx.emit("sub", [cx.emit("exp", [inner]), _scalar(cx, x, 1)]), _scalar(cx, x, alpha)])
+    y = _where_positive(cx, x, neg)
+    return cx.emit("mul", [y, _scalar(cx, x, float(n.attrs.get("gamma", 1.0507009873554805)))]) if n.op == "Selu" else y
+
+
+@converts("ThresholdedRelu")
+def _thresholded_relu(cx, n):
+    x = cx.tensor(n.ins[0])
+    above = cx.emit("gt", [x, _scalar(cx, x, float(n.attrs.get("alpha", 1.0)))])
+    return cx.emit("where", [above, x, _scalar(cx, x, 0)])
+
+
+@converts("Shrink")
+def _shrink(cx, n):
+    x = cx.tensor(n.ins[0])
+    lambd, bias = float(n.attrs.get("lambd", 0.5)), float(n.attrs.get("bias", 0.0))
+    low = cx.emit("where", [cx.emit("lt", [x, _scalar(cx, x, -lambd)]), cx.emit("add", [x, _scalar(cx, x, bias)]),
+                            _scalar(cx, x, 0)])  # fmt: skip
+    high = cx.emit("gt", [x, _scalar(cx, x, lambd)])
+    return cx.emit("where", [high, cx.emit("sub", [x, _scalar(cx, x, bias)]), low])
+
+
+@converts("PRelu")
+def _prelu(cx, n):
+    x, slope = cx.tensor(n.ins[0]), cx.tensor(n.ins[1])
+    return cx.emit("where", [cx.emit("lt", [x, _scalar(cx, x, 0)]), cx.emit("mul", [x, slope]), x])
+
+
+@converts("Softplus", "Softsign", "Mish")
+def _soft(cx, n):
+    x = cx.tensor(n.ins[0])
+    if n.op == "Softsign":
+        return cx.emit("div", [x, cx.emit("add", [_scalar(cx, x, 1), cx.emit("abs", [x])])], rounding_mode=None)
+    sp = _softplus(cx, x)
+    return sp if n.op == "Softplus" else cx.emit("mul", [x, cx.emit("tanh", [sp])])
+
+
+@converts("Tan", "Sinh", "Cosh")
+def _trig(cx, n):
+    x = cx.tensor(n.ins[0])
+    if n.op == "Tan":
+        return cx.emit("div", [cx.emit("sin", [x]), cx.emit("cos", [x])], rounding_mode=None)
+    up, down = cx.emit("exp", [x]), cx.emit("exp", [cx.emit("neg", [x])])
+    both = cx.emit("sub" if n.op == "Sinh" else "add", [up, down])
+    return cx.emit("mul", [both, _scalar(cx, x, 0.5)])
+
+
+@converts("Mean")
+def _mean(cx, n):
+    out = _variadic(cx, OnnxNode(n.proto, n.ins, n.attrs, n.opset, op_type="Sum"))
+    return cx.emit("div", [out, _scalar(cx, out, len(n.ins))], rounding_mode=None)
+
+
+@converts("Xor")
+def _xor(cx, n):
+    return cx.emit("ne", [cx.tensor(n.ins[0]), cx.tensor(n.ins[1])])
 
 
 # -- creation -----------------------------------------------------------------------------------
@@ -464,7 +602,8 @@ def _reshape(cx, n):
 def _flatten(cx, n):
     x = cx.tensor(n.ins[0])
     s = list(x.type.shape)
-    axis = n.attrs.get("axis", 1) % (len(s) + 1) if s else 0
+    axis = n.attrs.get("axis", 1)
+    axis = axis + len(s) if axis < 0 else axis  # -1 is the last dim, as everywhere in ONNX
     return cx.emit("reshape", [x], shape=(product(s[:axis]), product(s[axis:])))
 
 
@@ -589,16 +728,23 @@ def _gather(cx, n):
         if idx.ndim == 0:
             return cx.emit("select", [x], dim=axis, index=int(idx))
         return cx.emit("index", [x, cx.tensor(idx.astype(np.int64))], dims=(axis,))
-    idx = cx.tensor(idx)
-    if isinstance(data, np.ndarray) and data.ndim == 2 and axis % 2 == 0:
-        return cx.emit("embedding", [cx.tensor(data), idx])
-    x = cx.tensor(data)
-    return cx.emit("index", [x, idx], dims=(axis % x.type.rank,))
+    x = cx.tensor(data)  # `index` counts a negative index from the end, as ONNX does
+    return cx.emit("index", [x, cx.tensor(idx)], dims=(axis % x.type.rank,))
+
+
+def _from_end(cx, idx: Value, size) -> Value:
+    """Indices computed at run time, where ONNX counts a negative one from the end of `size`
+    (out of range either way is still reported by the kernel reading it)."""
+    zero = cx.b.scalar(0, idx.type.dtype, loc=cx.loc)
+    n = cx.emit("full", [], shape=(), value=size if not size.is_Integer else int(size), dtype=idx.type.dtype)
+    return cx.emit("where", [cx.emit("lt", [idx, zero]), cx.emit("add", [idx, n]), idx])
 
 
 @converts("GatherElements")
 def _gather_elements(cx, n):
-    return cx.emit("gather", [cx.tensor(n.ins[0]), cx.tensor(n.ins[1])], dim=n.attrs.get("axis", 0))
+    x = cx.tensor(n.ins[0])
+    axis = n.attrs.get("axis", 0) % x.type.rank
+    return cx.emit("gather", [x, _from_end(cx, cx.tensor(n.ins[1]), x.type.shape[axis])], dim=axis)
 
 
 @converts("GatherND")
@@ -616,7 +762,10 @@ def _gather_nd(cx, n):
 # -- reductions -------------------------------------------------------------------------------
 
 
-@converts("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2", "ReduceL1")
+@converts(
+    "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2", "ReduceL1", "ReduceLogSum",
+    "ReduceLogSumExp",
+)  # fmt: skip
 def _reduce(cx, n):
     x = cx.tensor(n.ins[0])
     axes = _axes(cx, n, 1)
@@ -629,10 +778,43 @@ def _reduce(cx, n):
         x = cx.emit("mul", [x, x])
     elif n.op == "ReduceL1":
         x = cx.emit("abs", [x])
+    if n.op == "ReduceLogSumExp":  # log(sum(exp(x - max))) + max: no overflow
+        top = cx.emit("amax", [x], dims=tuple(axes), keepdim=True)
+        y = cx.emit("log", [cx.emit("sum", [cx.emit("exp", [cx.emit("sub", [x, top])])], dims=tuple(axes),
+                                    keepdim=True, dtype=None)])  # fmt: skip
+        y = cx.emit("add", [y, top])
+        return y if keep else cx.emit("reshape", [y], shape=_reduced_shape(x, axes))
     op = {"ReduceMean": "mean", "ReduceMax": "amax", "ReduceMin": "amin"}.get(n.op, "sum")
     extra = {"dtype": None} if op in ("mean", "sum") else {}
     y = cx.emit(op, [x], dims=tuple(axes), keepdim=keep, **extra)
-    return cx.emit("sqrt", [y]) if n.op == "ReduceL2" else y
+    after = {"ReduceL2": "sqrt", "ReduceLogSum": "log"}.get(n.op)
+    return cx.emit(after, [y]) if after else y
+
+
+def _reduced_shape(x, axes) -> tuple:
+    gone = {a % x.type.rank for a in axes}
+    return tuple(d for k, d in enumerate(x.type.shape) if k not in gone)
+
+
+@converts("ArgMax", "ArgMin")
+def _argmax(cx, n):
+    x = cx.tensor(n.ins[0])
+    return arg_extreme(
+        cx, x, n.attrs.get("axis", 0), bool(n.attrs.get("keepdims", 1)), n.op == "ArgMax",
+        bool(n.attrs.get("select_last_index", 0)),
+    )[1]  # fmt: skip
+
+
+@converts("Hardmax")
+def _hardmax(cx, n):
+    """1 at the first largest element along `axis`, 0 elsewhere."""
+    x = cx.tensor(n.ins[0])
+    axis = n.attrs.get("axis", -1) % x.type.rank
+    at = arg_extreme(cx, x, axis, True, True)[1]
+    shape = tuple(d if k == axis else dim(1) for k, d in enumerate(x.type.shape))
+    index = cx.emit("reshape", [cx.emit("arange", [], start=dim(0), end=x.type.shape[axis], step=1,
+                                        dtype=DType.int64)], shape=shape)  # fmt: skip
+    return cx.emit("cast", [cx.emit("eq", [index, at])], dtype=x.type.dtype)
 
 
 def _safe_softmax_pattern(cx, n) -> tuple[str, str] | None:
@@ -689,7 +871,8 @@ def _cumsum(cx, n):
     if n.attrs.get("exclusive", 0) or n.attrs.get("reverse", 0):
         raise Unsupported("CumSum with exclusive or reverse")
     axis = cx.ints(n.ins[1], "CumSum's axis")[0]
-    return cx.emit("cumsum", [cx.tensor(n.ins[0])], dim=int(axis), dtype=None)
+    x = cx.tensor(n.ins[0])
+    return cx.emit("cumsum", [x], dim=int(axis), dtype=x.type.dtype)  # ONNX keeps the type (torch widens ints)
 
 
 @converts("BatchNormalization")
@@ -703,19 +886,52 @@ def _batch_norm(cx, n):
 # -- pooling and convolution ------------------------------------------------------------------------
 
 
-def _pads2d(cx, n, kernel, strides, dilations) -> tuple[int, int]:
+def _pads2d(cx, n, x, kernel, strides, dilations, ceil: bool = False) -> tuple[tuple, dict]:
+    """The padding of a 2-D window op: `(padding, sides)`, where `padding` is the op's own
+    (the same on both sides of a dim, at most half the window for a pool) and `sides` the
+    rest, `{dim: (before, after)}`, to pad explicitly first: uneven or large pads, `SAME`
+    padding of a size the stride does not divide, and the extra end a `ceil_mode` window
+    reads (the last one, when it starts inside the input or its begin padding)."""
     auto = n.attrs.get("auto_pad", "NOTSET")
-    if auto == "VALID":
-        return (0, 0)
+    sizes = x.type.shape[2:]
+    eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     if auto in ("SAME_UPPER", "SAME_LOWER"):
-        total = [(k - 1) * d for k, d in zip(kernel, dilations)]
-        if any(s != 1 for s in strides) or any(t % 2 for t in total):
-            raise Unsupported(f"{n.op} with auto_pad={auto} that pads unevenly")
-        return (total[0] // 2, total[1] // 2)
-    pads = [int(p) for p in n.attrs.get("pads", [0, 0, 0, 0])]
-    if pads[0] != pads[2] or pads[1] != pads[3]:
-        raise Unsupported(f"{n.op} with uneven padding {pads}")
-    return (pads[0], pads[1])
+        pads = []
+        for h, e, st in zip(sizes, eff, strides):
+            need = (ceildiv(h, st) - 1) * st + e - h
+            pads.append(need if need.is_Integer or st == 1 else dmax(need, dim(0)))
+        pads = [cx.store.canon(dim(p)) for p in pads]
+        half = [floordiv(p, 2) if auto == "SAME_UPPER" else p - floordiv(p, 2) for p in pads]
+        begin, end = half, [p - h for p, h in zip(pads, half)]
+    elif auto == "VALID":
+        begin, end = [dim(0)] * 2, [dim(0)] * 2
+    else:
+        pads = [dim(int(p)) for p in n.attrs.get("pads", [0, 0, 0, 0])]
+        begin, end = pads[:2], pads[2:]
+    if ceil:
+        for i, (h, e, st) in enumerate(zip(sizes, eff, strides)):
+            span = h + begin[i] + end[i] - e
+            if not (dim(span).is_Integer or st == 1):
+                raise Unsupported(f"{n.op} with ceil_mode=1 over a dynamic size and stride {st}")
+            if st == 1:
+                continue
+            span = int(span)
+            out = -(-span // st) + 1
+            if (out - 1) * st >= int(h) + int(begin[i]):  # the last window would start in the end padding
+                out -= 1
+            end[i] = end[i] + max(0, (out - 1) * st + e - (int(h) + int(begin[i]) + int(end[i])))
+    begin, end = [cx.store.canon(dim(b)) for b in begin], [cx.store.canon(dim(e)) for e in end]
+    limit = [e // 2 if n.op != "Conv" else None for e in eff]
+    if all(b == e and b.is_Integer and (lim is None or int(b) <= lim) for b, e, lim in zip(begin, end, limit)):
+        return (int(begin[0]), int(begin[1])), {}
+    return (0, 0), {2 + i: (b, e) for i, (b, e) in enumerate(zip(begin, end)) if not (b == 0 and e == 0)}
+
+
+def _padded(cx, x, sides: dict, value: float):
+    if not sides:
+        return x
+    sides = {k: tuple(int(p) if dim(p).is_Integer else p for p in lohi) for k, lohi in sides.items()}
+    return pad_constant(cx, x, sides, cx.b.scalar(value, x.type.dtype, loc=cx.loc))
 
 
 def _spatial(cx, n, x, what: str) -> None:
@@ -731,32 +947,52 @@ def _conv(cx, n):
     kernel = [int(k) for k in n.attrs.get("kernel_shape", [int(d) for d in w.type.shape[2:]])]
     strides = tuple(int(s) for s in n.attrs.get("strides", [1, 1]))
     dil = tuple(int(d) for d in n.attrs.get("dilations", [1, 1]))
-    pad = _pads2d(cx, n, kernel, strides, dil)
+    pad, sides = _pads2d(cx, n, x, kernel, strides, dil)
     return cx.emit(
-        "conv2d", [x, w, bias], stride=strides, padding=pad, dilation=dil, groups=int(n.attrs.get("group", 1))
-    )
+        "conv2d", [_padded(cx, x, sides, 0.0), w, bias], stride=strides, padding=pad, dilation=dil,
+        groups=int(n.attrs.get("group", 1)),
+    )  # fmt: skip
 
 
 @converts("MaxPool", "AveragePool")
 def _pool(cx, n):
+    """A pool whose padding torch's cannot express (`_pads2d`) runs over the input padded
+    explicitly: with -inf for MaxPool, with zeros for AveragePool, whose divisor is then the
+    same pool over ones padded where the divisor counts (the pads with count_include_pad,
+    never the ceil_mode end)."""
     x = cx.tensor(n.ins[0])
     _spatial(cx, n, x, n.op)
-    if n.attrs.get("ceil_mode", 0):
-        raise Unsupported(f"{n.op} with ceil_mode=1")
     if n.used(1):
         raise Unsupported("MaxPool's indices output")
     k = tuple(int(v) for v in n.attrs["kernel_shape"])
     strides = tuple(int(s) for s in n.attrs.get("strides", [1, 1]))
     dil = tuple(int(d) for d in n.attrs.get("dilations", [1, 1]))
-    pad = _pads2d(cx, n, k, strides, dil)
+    pad, sides = _pads2d(cx, n, x, k, strides, dil, ceil=bool(n.attrs.get("ceil_mode", 0)))
     if n.op == "MaxPool":
+        x = _padded(cx, x, sides, float("-inf") if x.type.dtype.is_float else int(torch.iinfo(x.type.dtype.torch).min))
         return cx.emit("max_pool2d", [x], kernel_size=k, stride=strides, padding=pad, dilation=dil)
     if dil != (1, 1):
         raise Unsupported("AveragePool with dilations")
-    return cx.emit(
-        "avg_pool2d", [x], kernel_size=k, stride=strides, padding=pad,
-        count_include_pad=bool(n.attrs.get("count_include_pad", 0)), divisor_override=None,
-    )  # fmt: skip
+    include = bool(n.attrs.get("count_include_pad", 0))
+
+    def pool(t):
+        return cx.emit(
+            "avg_pool2d", [t], kernel_size=k, stride=strides, padding=pad, count_include_pad=include,
+            divisor_override=None,
+        )  # fmt: skip
+
+    if not sides:
+        return pool(x)
+    summed = pool(_padded(cx, x, sides, 0.0))
+    pads = n.attrs.get("pads", [0, 0, 0, 0]) if n.attrs.get("auto_pad", "NOTSET") == "NOTSET" else None
+    if include and pads is not None and not n.attrs.get("ceil_mode", 0):
+        return summed  # every pad counts: the zeros' average is the average
+    ones = cx.emit("full", [], shape=(dim(1), dim(1), *x.type.shape[2:]), value=1.0, dtype=x.type.dtype)
+    if include and pads is not None:  # the pads count, the ceil_mode end does not
+        b, e = [int(p) for p in pads[:2]], [int(p) for p in pads[2:]]
+        ones = _padded(cx, ones, {2 + i: (b[i], e[i]) for i in range(2) if b[i] or e[i]}, 1.0)
+        sides = {d: (lo - b[d - 2], hi - e[d - 2]) for d, (lo, hi) in sides.items()}
+    return cx.emit("div", [summed, pool(_padded(cx, ones, sides, 0.0))], rounding_mode=None)
 
 
 @converts("GlobalAveragePool", "GlobalMaxPool")

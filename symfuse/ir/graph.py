@@ -9,6 +9,8 @@ and meant to be diffed in tests.
 
 from __future__ import annotations
 
+import keyword
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -19,6 +21,41 @@ import torch
 from symfuse.ir.dims import fmt
 from symfuse.ir.dtypes import DType
 from symfuse.ir.types import TensorType
+
+# Value names are the identifiers of buffers in generated code (C++ kernels, Triton and
+# Python host code), so a name those languages or the generated code's own locals use is
+# taken with a `t_` in front: a model's input `i0`, `x1` or `sym`, an ONNX output `and`.
+_CPP_WORDS = frozenset(
+    """
+    alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t char32_t class
+    compl concept const consteval constexpr constinit const_cast continue co_await co_return co_yield decltype
+    default delete do double dynamic_cast else enum explicit export extern false float for friend goto if inline
+    int long mutable namespace new noexcept not not_eq nullptr operator or or_eq private protected public register
+    reinterpret_cast requires return short signed sizeof static static_assert static_cast struct switch template
+    this thread_local throw true try typedef typeid typename union unsigned using virtual void volatile wchar_t
+    while xor xor_eq int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t size_t std INFINITY NAN
+    main restrict
+""".split()
+)
+_GENERATED_LOCALS = frozenset(
+    """
+    sym row row_begin row_end err site bh cc col dd j kh kmax kp kq kt ldq ldsc mr of p pb pr qb qf qh r sc vh vv
+    D2 NB SK q_in k_in v_in tl triton math torch pid
+""".split()
+)
+_GENERATED_FORMS = re.compile(r"(?:i|g|x|q|acc|qb)\d+$|(?:v|row|s|sf|SF|r\d+|k\d+|sc|pr)_|.*_buf$")
+
+
+def reserved_name(name: str) -> bool:
+    """Whether `name` may not name a value: a keyword of C++ or Python, or an identifier
+    the generated kernels and host code declare themselves."""
+    return (
+        name in _CPP_WORDS
+        or name in _GENERATED_LOCALS
+        or keyword.iskeyword(name)
+        or keyword.issoftkeyword(name)
+        or bool(_GENERATED_FORMS.match(name))
+    )
 
 
 @dataclass(frozen=True, eq=False)

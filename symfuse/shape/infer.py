@@ -17,7 +17,7 @@ import torch
 from symfuse import ops
 from symfuse.ir.dims import Dim, dim
 from symfuse.ir.dtypes import DType
-from symfuse.ir.graph import Graph, Node, Value
+from symfuse.ir.graph import Graph, Node, Value, reserved_name
 from symfuse.ir.types import TensorType
 from symfuse.shape.context import ShapeContext
 from symfuse.shape.store import ShapeStore
@@ -31,8 +31,12 @@ class GraphBuilder:
         self._names: set[str] = set()
         self._scalars: dict[tuple, Value] = {}
 
-    def _fresh(self, base: str) -> str:
+    def _fresh(self, base: str, user: bool = False) -> str:
+        """A new value name from `base`; a model input (`user`) keeps a reserved name here
+        (its users call it by that name) and is renamed when the graph is finished."""
         base = base or "v"
+        if reserved_name(base) and not user:
+            base = f"t_{base}"
         name, i = base, 1
         while name in self._names:
             name, i = f"{base}_{i}", i + 1
@@ -40,7 +44,7 @@ class GraphBuilder:
         return name
 
     def input(self, name: str, shape: Sequence[Any], dtype: DType) -> Value:
-        v = Value(self._fresh(name), TensorType.of(tuple(shape), dtype))
+        v = Value(self._fresh(name, user=True), TensorType.of(tuple(shape), dtype))
         self.graph.inputs.append(v)
         return v
 
@@ -121,14 +125,25 @@ def _canon_attr(store: ShapeStore, v: Any) -> Any:
 
 
 def canonicalize(graph: Graph, store: ShapeStore) -> Graph:
-    """A copy of `graph` whose types and dim attributes are in canonical form."""
+    """A copy of `graph` whose types and dim attributes are in canonical form, and whose
+    inputs with a reserved name (`reserved_name`) are renamed (the capture keeps the name
+    its users call them by)."""
     new: dict[Value, Value] = {}
+    taken = {v.name for v in graph.values()}
+    names = {}
+    for v in graph.inputs:
+        if reserved_name(v.name):
+            name, i = f"t_{v.name}", 1
+            while name in taken:
+                name, i = f"t_{v.name}_{i}", i + 1
+            taken.add(name)
+            names[v] = name
 
     def conv(v: Value | None) -> Value | None:
         if v is None:
             return None
         if v not in new:
-            new[v] = Value(v.name, TensorType(store.canon_shape(v.type.shape), v.type.dtype))
+            new[v] = Value(names.get(v, v.name), TensorType(store.canon_shape(v.type.shape), v.type.dtype))
         return new[v]
 
     out = Graph(graph.name)
