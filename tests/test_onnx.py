@@ -536,6 +536,7 @@ def test_reduce_log_sum_exp_and_log_sum():
         ("AveragePool", {"pads": [2, 1, 2, 0], "count_include_pad": 1}),
         ("AveragePool", {"ceil_mode": 1, "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
         ("AveragePool", {"auto_pad": "SAME_LOWER", "strides": [2, 2]}),
+        ("AveragePool", {"auto_pad": "SAME_UPPER", "strides": [2, 2], "count_include_pad": 1}),
         ("Conv", {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
         ("Conv", {"pads": [0, 2, 1, 0]}),
     ],

@@ -984,11 +984,14 @@ def _pool(cx, n):
     if not sides:
         return pool(x)
     summed = pool(_padded(cx, x, sides, 0.0))
-    pads = n.attrs.get("pads", [0, 0, 0, 0]) if n.attrs.get("auto_pad", "NOTSET") == "NOTSET" else None
-    if include and pads is not None and not n.attrs.get("ceil_mode", 0):
+    ceil = bool(n.attrs.get("ceil_mode", 0))
+    if include and not ceil:
         return summed  # every pad counts: the zeros' average is the average
     ones = cx.emit("full", [], shape=(dim(1), dim(1), *x.type.shape[2:]), value=1.0, dtype=x.type.dtype)
-    if include and pads is not None:  # the pads count, the ceil_mode end does not
+    if include:  # the pads count, the ceil_mode end does not
+        if n.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+            raise Unsupported("AveragePool with auto_pad, ceil_mode and count_include_pad together")
+        pads = n.attrs.get("pads", [0, 0, 0, 0])
         b, e = [int(p) for p in pads[:2]], [int(p) for p in pads[2:]]
         ones = _padded(cx, ones, {2 + i: (b[i], e[i]) for i in range(2) if b[i] or e[i]}, 1.0)
         sides = {d: (lo - b[d - 2], hi - e[d - 2]) for d, (lo, hi) in sides.items()}
