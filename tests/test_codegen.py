@@ -323,19 +323,19 @@ def test_a_transformer_compiles_each_distinct_kernel_once(tmp_path):
 
 
 class BothOperandsCopied(torch.nn.Module):
-    def forward(self, x, r):  # einsum's bmm reads both operands through permutes no strided view expresses
-        return torch.einsum("bchw,bcvw->bchv", x, r)
+    def forward(self, x, y):  # einsum's bmm reads both operands through permutes no strided view expresses
+        return torch.einsum("bchw,bcvw->bchv", x, y)
 
 
 def test_a_gemm_whose_two_operands_are_both_copied():
     """Each copy step of a library GEMM gets a kernel of its own (two copies were once one
     kernel name, and the host code read an operand it never wrote)."""
     m = BothOperandsCopied()
-    dyn = {"x": {0: "B", 2: "H"}, "r": {0: "B", 2: "H"}}
+    dyn = {"x": {0: "B", 2: "H"}, "y": {0: "B", 2: "H"}}
     c = symfuse.compile(m, (torch.randn(2, 4, 5, 6), torch.randn(2, 4, 5, 6)), dyn)
     for b, h in [(1, 1), (2, 7), (3, 16)]:
-        x, r = torch.randn(b, 4, h, 6), torch.randn(b, 4, h, 6)
-        assert rel_err(c(x, r), m(x, r)) < 1e-5
+        x, y = torch.randn(b, 4, h, 6), torch.randn(b, 4, h, 6)
+        assert rel_err(c(x, y), m(x, y)) < 1e-5
     steps = c.explain(with_graph=False)
     assert "k0_bmm_copy: native C++ [copy] writes x_for_bmm" in steps
-    assert "k0_bmm_copy_b: native C++ [copy] writes r_for_bmm" in steps
+    assert "k0_bmm_copy_b: native C++ [copy] writes y_for_bmm" in steps
