@@ -492,3 +492,40 @@ def test_inputs_named_like_the_generated_code_compile_and_keep_their_names(seede
         assert rel_err(c(**dict(zip(names, xs))), m(*xs)) < 1e-5
     with pytest.raises(ValueError, match="input 'i0' dim 0"):
         c(*[torch.randn(4 if n == "i0" else 3, 7) for n in names])
+
+
+class ConvByAComputedWeight(torch.nn.Module):
+    def forward(self, x, w):
+        return torch.nn.functional.conv2d(x, w.reshape(4, 1, 1, 3), groups=4) + 1
+
+
+class UpsampleBack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.down = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.up = torch.nn.ConvTranspose2d(8, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
+        self.up1 = torch.nn.ConvTranspose2d(6, 2, (2, 3), stride=(1, 3), padding=(0, 1), dilation=(2, 1))
+
+    def forward(self, x):
+        return self.up1(torch.relu(self.up(self.down(x))))
+
+
+def test_conv_by_a_weight_computed_from_an_input(seeded):
+    """The library convolution reads its weight whole: a reshaped input is materialised."""
+    m = ConvByAComputedWeight()
+    c = symfuse.compile(m, (torch.randn(2, 4, 1, 8), torch.randn(4, 3)), {"x": {0: "B", 3: "W"}, "w": None})
+    for b, w in [(1, 3), (3, 17)]:
+        x, wt = torch.randn(b, 4, 1, w), torch.randn(4, 3)
+        assert rel_err(c(x, wt), m(x, wt)) < 1e-5
+
+
+def test_transposed_convolutions(seeded):
+    """Stride, padding, output padding, groups and dilation; dynamic batch and image size."""
+    m = UpsampleBack().eval()
+    before = symfuse.compile_count()
+    c = symfuse.compile(m, (torch.randn(2, 3, 10, 12),), {"x": {0: "B", 2: "H", 3: "W"}})
+    for shape in [(1, 3, 1, 1), (2, 3, 7, 13), (3, 3, 16, 16)]:
+        x = torch.randn(shape)
+        got, want = c(x), m(x)
+        assert got.shape == want.shape and rel_err(got, want) < 1e-5, shape
+    assert symfuse.compile_count() == before + 1

@@ -558,3 +558,124 @@ def test_window_padding_torch_cannot_express(op, attrs):
     shape = [d.dim_value for d in inferred.graph.output[0].type.tensor_type.shape.dim]
     m = model([node], ins, [("y", F, shape)], inits)
     check(m, [{}], backend="cpu")
+
+
+def test_normalisations_and_their_statistics():
+    """InstanceNormalization, GroupNormalization, RMSNormalization, LpNormalization, and
+    LayerNormalization's mean and inverse deviation outputs, over dynamic dims."""
+    rng = np.random.default_rng(2)
+    c = 6
+    nodes = [
+        oh.make_node("Reshape", ["x", "shape4"], ["x4"]),  # (N, 6, S, 2)
+        oh.make_node("InstanceNormalization", ["x4", "sc", "bi"], ["inorm"], epsilon=1e-3),
+        oh.make_node("GroupNormalization", ["x4", "sc", "bi"], ["gnorm"], num_groups=3, epsilon=1e-4),
+        oh.make_node("RMSNormalization", ["x", "scale12"], ["rms"], axis=-1),
+        oh.make_node("LpNormalization", ["x"], ["l2"], axis=0, p=2),
+        oh.make_node("LpNormalization", ["x"], ["l1"], axis=-1, p=1),
+        oh.make_node("LayerNormalization", ["x", "scale12", "bias12"], ["ln", "mean", "inv"], axis=-1),
+    ]
+    x4 = ["N", c, "S", 2]
+    outs = [("inorm", F, x4), ("gnorm", F, x4), ("rms", F, ["N", "S", 12]), ("l2", F, ["N", "S", 12]),
+            ("l1", F, ["N", "S", 12]), ("ln", F, ["N", "S", 12]), ("mean", F, ["N", "S", 1]),
+            ("inv", F, ["N", "S", 1])]  # fmt: skip
+    inits = {
+        "shape4": np.array([0, c, -1, 2], np.int64),
+        "sc": rng.standard_normal(c).astype(np.float32),
+        "bi": rng.standard_normal(c).astype(np.float32),
+        "scale12": rng.standard_normal(12).astype(np.float32),
+        "bias12": rng.standard_normal(12).astype(np.float32),
+    }
+    m = model(nodes, [("x", F, ["N", "S", 12])], outs, inits, opset=23)
+    check(m, [dict(N=1, S=1), dict(N=2, S=7), dict(N=3, S=16)], backend="cpu")
+
+
+def test_layout_ops_tile_depth_space_trilu_one_hot_round_cumsum():
+    nodes = [
+        oh.make_node("Tile", ["x", "reps"], ["tiled"]),
+        oh.make_node("Reshape", ["x", "shape4"], ["x4"]),  # (N, 8, S, 2)
+        oh.make_node("DepthToSpace", ["x4"], ["d2s"], blocksize=2, mode="DCR"),
+        oh.make_node("DepthToSpace", ["x4"], ["d2s_crd"], blocksize=2, mode="CRD"),
+        oh.make_node("SpaceToDepth", ["d2s"], ["s2d"], blocksize=2),
+        oh.make_node("Trilu", ["x", "k"], ["upper"], upper=1),
+        oh.make_node("Trilu", ["x"], ["lower"], upper=0),
+        oh.make_node("Mul", ["x", "three"], ["x3"]),
+        oh.make_node("Round", ["x3"], ["rounded"]),
+        oh.make_node("Cast", ["rounded"], ["ids"], to=I64),
+        oh.make_node("OneHot", ["ids", "depth", "values"], ["hot"], axis=1),
+        oh.make_node("CumSum", ["x", "axis1"], ["rev"], reverse=1),
+        oh.make_node("CumSum", ["x", "axis1"], ["excl"], exclusive=1),
+        oh.make_node("CumSum", ["x", "axis1"], ["both"], exclusive=1, reverse=1),
+    ]
+    outs = [("tiled", F, ["T0", "T1", 32]), ("d2s", F, ["N", 2, "H", 4]), ("d2s_crd", F, ["N", 2, "H", 4]),
+            ("s2d", F, ["N", 8, "S", 2]), ("upper", F, ["N", "S", 16]), ("lower", F, ["N", "S", 16]),
+            ("rounded", F, ["N", "S", 16]), ("hot", F, ["N", 7, "S", 16]), ("rev", F, ["N", "S", 16]),
+            ("excl", F, ["N", "S", 16]), ("both", F, ["N", "S", 16])]  # fmt: skip
+    inits = {
+        "reps": np.array([2, 1, 2], np.int64), "shape4": np.array([0, 8, -1, 2], np.int64),
+        "k": np.array(1, np.int64), "three": np.float32(2.5), "depth": np.array(7, np.int64),
+        "values": np.array([-1.0, 2.0], np.float32), "axis1": np.array(1, np.int64),
+    }  # fmt: skip
+    m = model(nodes, [("x", F, ["N", "S", 16])], outs, inits)
+    check(m, [dict(N=1, S=1), dict(N=2, S=7), dict(N=3, S=16)], backend="cpu")
+
+
+@pytest.mark.parametrize("op", ["Conv", "MaxPool", "AveragePool"])
+def test_one_dimensional_windows(op):
+    """Conv and pools over (N, C, L) as the 2-D ops over a height of 1, L dynamic."""
+    rng = np.random.default_rng(3)
+    attrs = {"kernel_shape": [3], "strides": [2], "pads": [1, 2]}
+    inits = {}
+    if op == "Conv":
+        inits = {"w": rng.standard_normal((5, 4, 3)).astype(np.float32), "b": rng.standard_normal(5).astype(np.float32)}
+        node = oh.make_node("Conv", ["x", "w", "b"], ["y"], dilations=[2], **attrs)
+    else:
+        node = oh.make_node(op, ["x"], ["y"], **attrs)
+    out_c = 5 if op == "Conv" else 4
+    m = model([node], [("x", F, ["N", 4, "L"])], [("y", F, ["N", out_c, "M"])], inits)
+    check(m, [dict(N=1, L=7), dict(N=2, L=16), dict(N=3, L=31)], backend="cpu")
+
+
+@pytest.mark.parametrize(
+    "coords, rounding", [("asymmetric", "floor"), ("half_pixel", "round_prefer_floor"), ("pytorch_half_pixel", None)]
+)
+def test_resize_nearest_by_whole_factors(coords, rounding):
+    """By scales and by sizes computed from the input's shape (dynamic H and W)."""
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": coords}
+    if rounding:
+        attrs["nearest_mode"] = rounding
+    nodes = [
+        oh.make_node("Resize", ["x", "", "scales"], ["by_scales"], **attrs),
+        oh.make_node("Shape", ["x"], ["shape"]),
+        oh.make_node("Mul", ["shape", "factors"], ["sizes"]),
+        oh.make_node("Resize", ["x", "", "", "sizes"], ["by_sizes"], **attrs),
+    ]
+    inits = {"scales": np.array([1, 1, 2, 3], np.float32), "factors": np.array([1, 1, 3, 1], np.int64)}
+    outs = [("by_scales", F, ["N", 2, "H2", "W3"]), ("by_sizes", F, ["N", 2, "H3", "W"])]
+    m = model(nodes, [("x", F, ["N", 2, "H", "W"])], outs, inits)
+    check(m, [dict(N=1, H=1, W=1), dict(N=2, H=5, W=7), dict(N=1, H=16, W=3)], backend="cpu")
+
+
+def test_resize_that_is_not_a_repeat_is_refused_by_name():
+    nodes = [oh.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear")]
+    m = model(nodes, [("x", F, [1, 2, 4, 4])], [("y", F, [1, 2, 8, 8])], {"scales": np.array([1, 1, 2, 2], np.float32)})
+    with pytest.raises(UnsupportedOpsError, match="Resize in linear mode"):
+        symfuse.compile(m)
+
+
+def test_conv_transpose_with_pads_output_padding_and_output_shape():
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [
+        oh.make_node("ConvTranspose", ["x", "w"], ["a"], strides=[2, 2], pads=[1, 0, 0, 1], output_padding=[1, 0]),
+        oh.make_node("ConvTranspose", ["x", "w", "b"], ["c"], strides=[3, 2], output_shape=[16, 12], group=2),
+        oh.make_node("ConvTranspose", ["x", "w"], ["s"], strides=[2, 2], auto_pad="SAME_UPPER"),
+    ]
+    m0 = oh.make_model(oh.make_graph(nodes, "t", [oh.make_tensor_value_info("x", F, [2, 4, 5, 6])],
+                                     [oh.make_tensor_value_info(o, F, None) for o in "acs"],
+                                     [numpy_helper.from_array(w, "w"),
+                                      numpy_helper.from_array(np.ones(6, np.float32), "b")]),
+                       opset_imports=[oh.make_opsetid("", 18)])  # fmt: skip
+    inits = {"w": w, "b": np.arange(6, dtype=np.float32)}
+    shapes = onnx.shape_inference.infer_shapes(m0).graph.output
+    outs = [(o.name, F, [d.dim_value for d in o.type.tensor_type.shape.dim]) for o in shapes]
+    check(model(nodes, [("x", F, [2, 4, 5, 6])], outs, inits), [{}], backend="cpu")

@@ -790,6 +790,46 @@ def _conv2d(cv, a):
     )  # fmt: skip
 
 
+def conv_transpose2d(cv, x, weight: torch.Tensor, bias, stride, padding, output_padding, dilation, groups: int):
+    """A transposed 2-D convolution as the convolution it is the gradient of: zeros inserted
+    between the input's elements (stride - 1 of them), the input padded by
+    `dilation * (kernel - 1) - padding` (`padding`: each dim's begin and end; `output_padding`
+    added at the end; a negative pad
+    crops), and a stride-1 convolution with the weight's channel axes swapped per group and
+    its window flipped (done once, on the constant). It multiplies the inserted zeros too:
+    stride^2 times the products the transposed form needs. Both frontends' ConvTranspose."""
+    cin, cout_g, kh, kw = weight.shape
+    w = weight.reshape(groups, cin // groups, cout_g, kh, kw).transpose(1, 2)
+    w = w.reshape(groups * cout_g, cin // groups, kh, kw).flip(2, 3).contiguous()
+    for k, st in ((2, stride[0]), (3, stride[1])):
+        if st == 1:
+            continue
+        s = list(x.type.shape)
+        gap = cv.emit("expand", [cv.b.scalar(0.0, x.type.dtype)], sizes=tuple(s[: k + 1] + [dim(st - 1)] + s[k + 1 :]))
+        one = cv.emit("reshape", [x], shape=tuple(s[: k + 1] + [dim(1)] + s[k + 1 :]))
+        spread = cv.emit("cat", [one, gap], dim=k + 1)
+        s[k] = s[k] * st
+        x = cv.emit("reshape", [spread], shape=tuple(s))
+        x = cv.emit("slice", [x], dim=k, start=0, end=s[k] - (st - 1), step=1)
+    sides = {}  # padding: each dim's (begin, end)
+    for k, (kern, d, (begin, end), extra) in enumerate(zip((kh, kw), dilation, padding, output_padding)):
+        sides[2 + k] = (d * (kern - 1) - begin, d * (kern - 1) - end + extra)
+    x = pad_constant(cv, x, sides, cv.b.scalar(0.0, x.type.dtype))
+    return cv.emit(
+        "conv2d", [x, cv.b.constant(f"{cv.name}_weight", w), bias], stride=(1, 1), padding=(0, 0),
+        dilation=tuple(dilation), groups=groups,
+    )  # fmt: skip
+
+
+@converts(aten.conv_transpose2d.input)
+def _conv_transpose2d(cv, a):
+    return conv_transpose2d(
+        cv, cv.tensor(a["input"]), _constant(cv, a["weight"], "conv_transpose2d's weight"), cv.opt(a.get("bias")),
+        _pair(a.get("stride", 1)), [(p, p) for p in _pair(a.get("padding", 0))], _pair(a.get("output_padding", 0)),
+        _pair(a.get("dilation", 1)), int(a.get("groups", 1)),
+    )  # fmt: skip
+
+
 @converts(aten._native_batch_norm_legit.no_stats, aten._native_batch_norm_legit.default)
 def _batch_norm_from_batch(cv, a):
     """Batch norm normalised by the batch's own statistics (instance norm reaches it so:

@@ -19,8 +19,8 @@ import onnx
 import sympy
 import torch
 
-from symfuse.frontend.aten_table import Unsupported, arg_extreme, pad_constant
-from symfuse.ir.dims import ceildiv, dim, dmax, dmin, floordiv, mod, product
+from symfuse.frontend.aten_table import Unsupported, arg_extreme, conv_transpose2d, pad_constant
+from symfuse.ir.dims import ceildiv, dim, dmax, dmin, exact_quotient, floordiv, mod, product
 from symfuse.ir.dtypes import DType
 from symfuse.ir.graph import Value
 from symfuse.shape.context import ShapeContext
@@ -459,6 +459,19 @@ def _floor_ceil(cx, n):
     return _floor(cx, x) if n.op == "Floor" else cx.emit("neg", [_floor(cx, cx.emit("neg", [x]))])
 
 
+@converts("Round")
+def _round(cx, n):
+    """To the nearest integer, a half to the even one: floor(x), plus 1 above a half, and at
+    a half plus floor(x) mod 2."""
+    x = cx.tensor(n.ins[0])
+    f = _floor(cx, x)
+    frac = cx.emit("sub", [x, f])
+    half = _scalar(cx, x, 0.5)
+    odd = cx.emit("sub", [f, cx.emit("mul", [_floor(cx, cx.emit("mul", [f, half])), _scalar(cx, x, 2)])])
+    at_half = cx.emit("where", [cx.emit("eq", [frac, half]), cx.emit("add", [f, odd]), f])
+    return cx.emit("where", [cx.emit("gt", [frac, half]), cx.emit("add", [f, _scalar(cx, x, 1)]), at_half])
+
+
 @converts("Mod")
 def _mod(cx, n):
     """fmod=1: C's remainder, with the dividend's sign (`a - b * trunc(a / b)`, and `a` itself
@@ -676,6 +689,131 @@ def _pad(cx, n):
     return pad_constant(cx, x, sides, fill)
 
 
+@converts("Tile")
+def _tile(cx, n):
+    """Each dim d repeated r times: viewed as (1, d), expanded to (r, d), merged to r * d."""
+    x = cx.tensor(n.ins[0])
+    reps = cx.dims(n.ins[1], "Tile's repeats")
+    inner = [d for d in x.type.shape for d in (dim(1), d)]
+    outer = [d for r, s in zip(reps, x.type.shape) for d in (r, s)]
+    y = cx.emit("expand", [cx.emit("reshape", [x], shape=tuple(inner))], sizes=tuple(outer))
+    return cx.emit("reshape", [y], shape=tuple(r * d for r, d in zip(reps, x.type.shape)))
+
+
+@converts("DepthToSpace", "SpaceToDepth")
+def _depth_space(cx, n):
+    """Blocks of channels moved into space (or back) by a reshape, a permute and a reshape;
+    the DCR mode has the block index first in the channels, CRD last."""
+    x = cx.tensor(n.ins[0])
+    b = int(n.attrs["blocksize"])
+    N, C, H, W = x.type.shape
+    if n.op == "SpaceToDepth":
+        y = cx.emit("reshape", [x], shape=(N, C, H // b, dim(b), W // b, dim(b)))
+        crd = n.attrs.get("mode", "DCR") == "CRD"
+        y = cx.emit("permute", [y], dims=(0, 1, 3, 5, 2, 4) if crd else (0, 3, 5, 1, 2, 4))
+        return cx.emit("reshape", [y], shape=(N, C * b * b, H // b, W // b))
+    c = C // (b * b)
+    if n.attrs.get("mode", "DCR") == "DCR":
+        y = cx.emit("reshape", [x], shape=(N, dim(b), dim(b), c, H, W))
+        y = cx.emit("permute", [y], dims=(0, 3, 4, 1, 5, 2))
+    else:
+        y = cx.emit("reshape", [x], shape=(N, c, dim(b), dim(b), H, W))
+        y = cx.emit("permute", [y], dims=(0, 1, 4, 2, 5, 3))
+    return cx.emit("reshape", [y], shape=(N, c, H * b, W * b))
+
+
+def _position(cx, size, axis: int, rank: int) -> Value:
+    """0 .. size-1 along `axis` of a rank-`rank` tensor of ones elsewhere (broadcasts)."""
+    shape = tuple(size if k == axis else dim(1) for k in range(rank))
+    index = cx.emit("arange", [], start=dim(0), end=size, step=1, dtype=DType.int64)
+    return cx.emit("reshape", [index], shape=shape)
+
+
+_REPEATS = {("asymmetric", "floor")} | {
+    (c, r) for c in ("half_pixel", "pytorch_half_pixel", "half_pixel_symmetric")
+    for r in ("round_prefer_floor", "round_prefer_ceil")
+}  # fmt: skip
+
+
+@converts("Resize", "Upsample")
+def _resize(cx, n):
+    """Nearest resizing by whole factors: each element repeated s times along each resized
+    dim (a view (.., d, 1, ..) expanded to (.., d, s, ..) and merged). For a whole factor
+    that is what nearest means under `asymmetric` + `floor` and under the half-pixel modes
+    with rounding (no source coordinate falls on a half); other modes pick other pixels."""
+    x = cx.tensor(n.ins[0])
+    mode = n.attrs.get("mode", "nearest")
+    coords = n.attrs.get("coordinate_transformation_mode", "half_pixel" if n.op == "Resize" else "asymmetric")
+    rounding = n.attrs.get("nearest_mode", "round_prefer_floor" if n.op == "Resize" else "floor")
+    rank = x.type.rank
+    axes = [a % rank for a in n.attrs.get("axes", range(rank))]
+    scales = n.input(2) if n.op == "Resize" else n.input(1)
+    sizes = n.input(3) if n.op == "Resize" else None
+    factors = {}
+    if scales is not None and cx.known(scales, f"{n.op}'s scales").size:
+        for a, f in zip(axes, cx.known(scales, f"{n.op}'s scales").reshape(-1).tolist()):
+            if float(f) != int(f) or f < 1:
+                raise Unsupported(f"{n.op} by a scale of {f} (whole factors only)")
+            factors[a] = int(f)
+    elif sizes is not None:
+        if n.attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+            raise Unsupported(f"{n.op} with keep_aspect_ratio_policy={n.attrs['keep_aspect_ratio_policy']}")
+        for a, size in zip(axes, cx.dims(sizes, f"{n.op}'s sizes")):
+            q = exact_quotient(size, x.type.shape[a])
+            if q is None or not q.is_Integer or q < 1:
+                raise Unsupported(f"{n.op} from {x.type.shape[a]} to {size} along dim {a} (whole factors only)")
+            factors[a] = int(q)
+    else:
+        raise Unsupported(f"{n.op} without scales or sizes")
+    factors = {a: f for a, f in factors.items() if f != 1}
+    if factors and mode != "nearest":
+        raise Unsupported(f"{n.op} in {mode} mode (nearest by whole factors only)")
+    if factors and (coords, rounding) not in _REPEATS:
+        raise Unsupported(f"{n.op} with coordinate_transformation_mode={coords} and nearest_mode={rounding}")
+    shape = list(x.type.shape)
+    inner = [d for k, s in enumerate(shape) for d in ((s, dim(1)) if k in factors else (s,))]
+    outer = [d for k, s in enumerate(shape) for d in ((s, dim(factors[k])) if k in factors else (s,))]
+    if not factors:
+        return x
+    y = cx.emit("expand", [cx.emit("reshape", [x], shape=tuple(inner))], sizes=tuple(outer))
+    return cx.emit("reshape", [y], shape=tuple(s * factors.get(k, 1) for k, s in enumerate(shape)))
+
+
+@converts("Trilu")
+def _trilu(cx, n):
+    """The upper (or lower) triangle of the last two dims from diagonal k; zeros elsewhere."""
+    x = cx.tensor(n.ins[0])
+    r = x.type.rank
+    k = int(cx.ints(n.input(1), "Trilu's k")[0]) if n.input(1) is not None else 0
+    rows, cols = _position(cx, x.type.shape[-2], r - 2, r), _position(cx, x.type.shape[-1], r - 1, r)
+    diag = cx.emit("sub", [cols, rows])
+    keep = cx.emit("ge" if n.attrs.get("upper", 1) else "le", [diag, cx.b.scalar(k, DType.int64, loc=cx.loc)])
+    return cx.emit("where", [keep, x, _scalar(cx, x, 0)])
+
+
+@converts("OneHot")
+def _one_hot(cx, n):
+    """`values[1]` where the position along the new `axis` equals the index (a negative one
+    counts from the end of `depth`), `values[0]` elsewhere."""
+    idx = cx.tensor(n.ins[0])
+    depth = int(cx.known(n.ins[1], "OneHot's depth").reshape(-1)[0])  # any numeric type
+    values = cx.known(n.ins[2], "OneHot's values")
+    rank = idx.type.rank + 1
+    axis = n.attrs.get("axis", -1) % rank
+    if not idx.type.dtype.is_float:
+        idx = cx.emit("cast", [idx], dtype=DType.int64)
+    else:  # ONNX casts real indices to integers
+        idx = cx.emit("cast", [cx.emit("div", [idx, _scalar(cx, idx, 1)], rounding_mode="trunc")], dtype=DType.int64)
+    depth_v = cx.b.scalar(depth, DType.int64, loc=cx.loc)
+    idx = cx.emit("where", [cx.emit("lt", [idx, cx.b.scalar(0, DType.int64, loc=cx.loc)]),
+                            cx.emit("add", [idx, depth_v]), idx])  # fmt: skip
+    shape = list(idx.type.shape)
+    shape.insert(axis, dim(1))
+    hit = cx.emit("eq", [cx.emit("reshape", [idx], shape=tuple(shape)), _position(cx, dim(depth), axis, rank)])
+    off, on = (cx.tensor(np.array(values.reshape(-1)[i])) for i in (0, 1))
+    return cx.emit("where", [hit, on, off])
+
+
 @converts("Concat")
 def _concat(cx, n):
     xs = [cx.tensor(x) for x in n.ins if not (isinstance(x, np.ndarray) and x.size == 0 and x.ndim == 1)]
@@ -855,24 +993,85 @@ def _softmax(cx, n):
 
 @converts("LayerNormalization")
 def _layer_norm(cx, n):
-    if n.used(1) or n.used(2):
-        raise Unsupported("LayerNormalization's mean and inverse standard deviation outputs")
+    """`layer_norm`; the mean and inverse standard deviation outputs, where read, by their
+    own reductions (kept dims of size 1, as ONNX shapes them)."""
     x = cx.tensor(n.ins[0])
     axis = n.attrs.get("axis", -1) % x.type.rank
     w = cx.tensor(n.input(1)) if n.input(1) is not None else None
     bias = cx.tensor(n.input(2)) if n.input(2) is not None else None
-    return cx.emit(
-        "layer_norm", [x, w, bias], normalized_shape=tuple(x.type.shape[axis:]), eps=float(n.attrs.get("epsilon", 1e-5))
-    )
+    eps = float(n.attrs.get("epsilon", 1e-5))
+    y = cx.emit("layer_norm", [x, w, bias], normalized_shape=tuple(x.type.shape[axis:]), eps=eps)
+    if not (n.used(1) or n.used(2)):
+        return y
+    dims = tuple(range(axis, x.type.rank))
+    mean = cx.emit("mean", [x], dims=dims, keepdim=True, dtype=None)
+    dev = cx.emit("sub", [x, mean])
+    var = cx.emit("mean", [cx.emit("mul", [dev, dev])], dims=dims, keepdim=True, dtype=None)
+    return y, mean, cx.emit("rsqrt", [cx.emit("add", [var, _scalar(cx, var, eps)])])
+
+
+@converts("InstanceNormalization", "GroupNormalization")
+def _group_norm(cx, n):
+    """Normalised over each group of channels (each channel for InstanceNormalization): a
+    layer norm over [C/G, *spatial] after a reshape, then the per-channel scale and bias
+    (GroupNormalization before opset 21 gives them per group: repeated to channels)."""
+    x = cx.tensor(n.ins[0])
+    s = list(x.type.shape)
+    groups = int(n.attrs["num_groups"]) if n.op == "GroupNormalization" else None
+    if groups is None:
+        if not s[1].is_Integer:
+            raise Unsupported("InstanceNormalization over a dynamic number of channels")
+        groups = int(s[1])
+    eps = float(n.attrs.get("epsilon", 1e-5))
+    y = cx.emit("reshape", [x], shape=(s[0], dim(groups), -1))
+    y = cx.emit("layer_norm", [y, None, None], normalized_shape=(y.type.shape[-1],), eps=eps)
+    y = cx.emit("reshape", [y], shape=tuple(s))
+    per_channel = (s[1],) + (dim(1),) * (len(s) - 2)
+    for i, op in ((1, "mul"), (2, "add")):
+        v = n.ins[i]
+        if isinstance(v, np.ndarray) and v.size == groups and s[1] != groups:
+            v = np.repeat(v, int(s[1]) // groups)
+        y = cx.emit(op, [y, cx.emit("reshape", [cx.tensor(v)], shape=per_channel)])
+    return y
+
+
+@converts("RMSNormalization")
+def _rms_norm(cx, n):
+    x = cx.tensor(n.ins[0])
+    axis = n.attrs.get("axis", -1) % x.type.rank
+    eps = float(n.attrs.get("epsilon", 1e-5))
+    ms = cx.emit("mean", [cx.emit("mul", [x, x])], dims=tuple(range(axis, x.type.rank)), keepdim=True, dtype=None)
+    y = cx.emit("mul", [x, cx.emit("rsqrt", [cx.emit("add", [ms, _scalar(cx, ms, eps)])])])
+    return cx.emit("mul", [y, cx.tensor(n.ins[1])])
+
+
+@converts("LpNormalization")
+def _lp_norm(cx, n):
+    x = cx.tensor(n.ins[0])
+    axis, p = n.attrs.get("axis", -1) % x.type.rank, int(n.attrs.get("p", 2))
+    if p not in (1, 2):
+        raise Unsupported(f"LpNormalization with p={p} (1 and 2 are defined)")
+    mag = cx.emit("abs", [x]) if p == 1 else cx.emit("mul", [x, x])
+    norm = cx.emit("sum", [mag], dims=(axis,), keepdim=True, dtype=None)
+    norm = norm if p == 1 else cx.emit("sqrt", [norm])
+    zero = _scalar(cx, x, 0)  # a zero vector stays zero
+    return cx.emit("where", [cx.emit("eq", [norm, zero]), zero, cx.emit("div", [x, norm], rounding_mode=None)])
 
 
 @converts("CumSum")
 def _cumsum(cx, n):
-    if n.attrs.get("exclusive", 0) or n.attrs.get("reverse", 0):
-        raise Unsupported("CumSum with exclusive or reverse")
-    axis = cx.ints(n.ins[1], "CumSum's axis")[0]
+    """The running sum; `exclusive` leaves out the element itself (the sum minus it), `reverse`
+    runs from the end (the total minus the exclusive sum from the start)."""
+    axis = int(cx.ints(n.ins[1], "CumSum's axis")[0])
     x = cx.tensor(n.ins[0])
-    return cx.emit("cumsum", [x], dim=int(axis), dtype=x.type.dtype)  # ONNX keeps the type (torch widens ints)
+    run = cx.emit("cumsum", [x], dim=axis, dtype=x.type.dtype)  # ONNX keeps the type (torch widens ints)
+    exclusive, reverse = n.attrs.get("exclusive", 0), n.attrs.get("reverse", 0)
+    before = cx.emit("sub", [run, x]) if exclusive or reverse else run
+    if not reverse:
+        return before
+    total = cx.emit("sum", [x], dims=(axis,), keepdim=True, dtype=x.type.dtype)
+    after = cx.emit("sub", [total, before])  # from the element to the end
+    return cx.emit("sub", [after, x]) if exclusive else after
 
 
 @converts("BatchNormalization")
@@ -936,10 +1135,40 @@ def _padded(cx, x, sides: dict, value: float):
 
 def _spatial(cx, n, x, what: str) -> None:
     if x.type.rank != 4:
-        raise Unsupported(f"{what} over {x.type.rank - 2} spatial dims (symfuse has the 2-D form)")
+        raise Unsupported(f"{what} over {x.type.rank - 2} spatial dims (symfuse has the 1-D and 2-D forms)")
+
+
+def _one_dimensional(convert):
+    """A 1-D window op as the 2-D one over a height of 1: the input `(N, C, L)` viewed as
+    `(N, C, 1, L)`, a known weight `(O, I, k)` as `(O, I, 1, k)`, each window attribute given
+    a leading 1 (pads a leading 0 on both sides), the output viewed back."""
+
+    def convert_any(cx, n):
+        x = cx.tensor(n.ins[0])
+        if x.type.rank != 3:
+            return convert(cx, n)
+        attrs = dict(n.attrs)
+        for key in ("kernel_shape", "strides", "dilations", "output_padding"):
+            if key in attrs:
+                attrs[key] = [0 if key == "output_padding" else 1, *attrs[key]]
+        if "pads" in attrs:
+            attrs["pads"] = [0, attrs["pads"][0], 0, attrs["pads"][1]]
+        s = list(x.type.shape)
+        ins = [cx.emit("reshape", [x], shape=(s[0], s[1], dim(1), s[2])), *n.ins[1:]]
+        if n.op in ("Conv", "ConvTranspose"):
+            w = n.ins[1]
+            ins[1] = w.reshape(w.shape[0], w.shape[1], 1, w.shape[2]) if isinstance(w, np.ndarray) else \
+                cx.emit("reshape", [w], shape=(w.type.shape[0], w.type.shape[1], dim(1), w.type.shape[2]))  # fmt: skip
+        outs = convert(cx, OnnxNode(n.proto, ins, attrs, n.opset))
+        y = outs[0] if isinstance(outs, tuple) else outs
+        o = list(y.type.shape)
+        return cx.emit("reshape", [y], shape=(o[0], o[1], o[3]))
+
+    return convert_any
 
 
 @converts("Conv")
+@_one_dimensional
 def _conv(cx, n):
     x, w = cx.tensor(n.ins[0]), cx.tensor(n.ins[1])
     _spatial(cx, n, x, "Conv")
@@ -954,7 +1183,40 @@ def _conv(cx, n):
     )  # fmt: skip
 
 
+@converts("ConvTranspose")
+@_one_dimensional
+def _conv_transpose(cx, n):
+    """`conv_transpose2d`. Pads come from `pads`, or from the output size (`output_shape`,
+    or the input size times the stride under `auto_pad=SAME_*`): the total the output is
+    short of, split as ONNX says (the larger half at the end for SAME_UPPER)."""
+    x = cx.tensor(n.ins[0])
+    _spatial(cx, n, x, "ConvTranspose")
+    w = cx.known(n.ins[1], "ConvTranspose's weight")
+    strides = tuple(int(v) for v in n.attrs.get("strides", [1, 1]))
+    dil = tuple(int(v) for v in n.attrs.get("dilations", [1, 1]))
+    extra = tuple(int(v) for v in n.attrs.get("output_padding", [0, 0]))
+    auto = n.attrs.get("auto_pad", "NOTSET")
+    sizes = x.type.shape[2:]
+    if "output_shape" in n.attrs or auto in ("SAME_UPPER", "SAME_LOWER"):
+        want = [dim(int(v)) for v in n.attrs["output_shape"][-2:]] if "output_shape" in n.attrs else \
+            [h * st for h, st in zip(sizes, strides)]  # fmt: skip
+        pads = []
+        for h, st, e, d, k, out in zip(sizes, strides, extra, dil, w.shape[2:], want):
+            total = cx.store.canon(st * (h - 1) + e + (k - 1) * d + 1 - out)
+            small = floordiv(total, 2)
+            pads.append((small, total - small) if auto == "SAME_UPPER" else (total - small, small))
+    elif auto == "VALID":
+        pads = [(0, 0), (0, 0)]
+    else:
+        p = [int(v) for v in n.attrs.get("pads", [0, 0, 0, 0])]
+        pads = [(p[0], p[2]), (p[1], p[3])]
+    bias = cx.tensor(n.input(2)) if n.input(2) is not None else None
+    weight = torch.from_numpy(np.array(w, copy=True))
+    return conv_transpose2d(cx, x, weight, bias, strides, pads, extra, dil, int(n.attrs.get("group", 1)))
+
+
 @converts("MaxPool", "AveragePool")
+@_one_dimensional
 def _pool(cx, n):
     """A pool whose padding torch's cannot express (`_pads2d`) runs over the input padded
     explicitly: with -inf for MaxPool, with zeros for AveragePool, whose divisor is then the

@@ -121,9 +121,9 @@ class Program(HostProgram):
             "empty_strided": self.outputs.empty_strided,
             "as_strided": torch.as_strided,
             "view": _view,
-            "linear": torch.ops.mkldnn._linear_pointwise,
+            "linear": _portable(torch.ops.mkldnn._linear_pointwise),
             "matmul": torch.matmul,
-            "conv": torch.ops.mkldnn._convolution_pointwise,
+            "conv": _portable(torch.ops.mkldnn._convolution_pointwise),
             "sdpa": torch.nn.functional.scaled_dot_product_attention,
             "torch": torch,
             "now": time.perf_counter,
@@ -243,6 +243,23 @@ class OutputStorages:
 
 # how many tensors and storage objects hold a storage's memory (torch's own, for its CUDA graph
 # trees); without it every output is allocated afresh
+def _portable(op: Callable) -> Callable:
+    """oneDNN's `op` (linear or convolution: input, weight, bias, ...), which refuses fp16 or
+    bf16 on a CPU without the instructions for them: there the call runs in fp32 and its
+    result is narrowed back. Decided once per process; where both are supported, `op` itself."""
+    narrow = {torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported(),
+              torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported()}  # fmt: skip
+    if all(narrow.values()):
+        return op
+
+    def call(x, w, b, *rest):
+        if narrow.get(x.dtype, True):
+            return op(x, w, b, *rest)
+        return op(x.float(), w.float(), None if b is None else b.float(), *rest).to(x.dtype)
+
+    return call
+
+
 _USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 
 

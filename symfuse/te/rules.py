@@ -381,8 +381,10 @@ def batch_norm_rule(lw, node, x, weight, bias, mean, var, eps):
 
 def conv2d_rule(lw, node, x, weight, bias, stride, padding, dilation, groups):
     """A contraction over input channels and the window; padding reads as 0. The library
-    convolution reads its input whole, so a composed layout is materialised first."""
+    convolution reads its input and weight whole, so a composed layout of either (a weight
+    reshaped from a model input, say) is materialised first."""
     x = lw.materialize(node.inputs[0])
+    weight = lw.materialize(node.inputs[1])
     _, _, h, w = node.inputs[0].type.shape
     out_c, group_c, kh, kw = (int(d) for d in node.inputs[1].type.shape)
     dt = node.out.type.dtype
