@@ -529,3 +529,37 @@ def test_transposed_convolutions(seeded):
         got, want = c(x), m(x)
         assert got.shape == want.shape and rel_err(got, want) < 1e-5, shape
     assert symfuse.compile_count() == before + 1
+
+
+class ElementwiseComposites(torch.nn.Module):
+    """Ops symfuse writes as several registry ops (`frontend/composite.py`)."""
+
+    def forward(self, x, n):
+        y = x * 2.5  # halves: round to even
+        v, m = torch.std_mean(x, -1)
+        return (
+            torch.round(y), torch.sign(x), torch.trunc(y), torch.frac(y), torch.remainder(y, -1.5),
+            torch.fmod(y, 1.5), torch.remainder(n, 3), torch.fmod(n, -3), torch.tan(x), torch.sinh(x),
+            torch.cosh(x), torch.log2(x.abs() + 1), torch.log10(x.abs() + 1), torch.exp2(x), torch.expm1(x),
+            torch.nn.functional.celu(x, 0.7), torch.logical_xor(x > 0, y), torch.bitwise_xor(n, 5),
+            torch.hypot(x, y), torch.nan_to_num(x / (x > 0)), torch.clamp(x, min=m[..., None]), x.max(),
+            torch.var_mean(x, (0, 1)), v, torch.nn.functional.one_hot(n.abs() % 4, 4), torch.floor(y),
+            torch.ceil(y), torch.isinf(1 / (x > 0)),
+        )  # fmt: skip
+
+
+def test_elementwise_composites_match_eager(seeded):
+    m = ElementwiseComposites()
+    before = symfuse.compile_count()
+    c = symfuse.compile(m, (torch.randn(3, 5, 6), torch.randint(-9, 9, (3, 5, 6))))
+    for shape in [(1, 1, 1), (2, 7, 16), (4, 3, 13)]:
+        x, n = torch.randn(shape), torch.randint(-9, 9, shape)
+        x[0, 0, 0] = 0.2  # y = 0.5 exactly
+        for k, (got, want) in enumerate(zip(torch.utils._pytree.tree_leaves(c(x, n)),
+                                            torch.utils._pytree.tree_leaves(m(x, n)))):  # fmt: skip
+            assert got.dtype == want.dtype and got.shape == want.shape, (k, shape)
+            g, w = got.double(), want.double()  # a variance of one element is NaN in both
+            finite = w[w.isfinite() & (w.abs() < 1e30)]  # nan_to_num's inf is the largest float
+            scale = float(finite.abs().max()) if finite.numel() else 1.0
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5 * scale, equal_nan=True, msg=f"{k} at {shape}")
+    assert symfuse.compile_count() == before + 1

@@ -1,5 +1,6 @@
 """The CPU backend: every op through generated C++, the kernel cache, dumps and bad input."""
 
+import copy
 import os
 
 import pytest
@@ -339,3 +340,43 @@ def test_a_gemm_whose_two_operands_are_both_copied():
     steps = c.explain(with_graph=False)
     assert "k0_bmm_copy: native C++ [copy] writes x_for_bmm" in steps
     assert "k0_bmm_copy_b: native C++ [copy] writes y_for_bmm" in steps
+
+
+def test_fp16_and_bf16_models_run_on_any_cpu(seeded):
+    """A model in fp16 (or bf16) runs its oneDNN linears and convolutions in that type where
+    the CPU has it, else in fp32 narrowed back (oneDNN refuses fp16 without AVX512-FP16)."""
+    for dt in (torch.float16, torch.bfloat16):
+        m = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(2), torch.nn.Linear(30, 16)
+        ).eval()
+        m = m.to(dt)
+        wide = copy.deepcopy(m).float()  # the same (rounded) weights, computed in fp32
+        c = symfuse.compile(m, (torch.randn(2, 3, 5, 6).to(dt),), {"input": {0: "B"}})
+        for b in (1, 3, 16):
+            x = torch.randn(b, 3, 5, 6).to(dt)
+            with torch.no_grad():
+                want = wide(x.float())
+            got = c(x)
+            assert got.dtype == dt
+            assert rel_err(got.float(), want) < (4e-3 if dt == torch.float16 else 3e-2), (dt, b)
+
+
+class Extremes(torch.nn.Module):
+    def forward(self, x):
+        v, i = x.max(-1)
+        return x.amax(-1), x.amin((0, 2)), v, i, x.max(), x.argmin(1)
+
+
+def test_max_and_min_reductions_propagate_nan_as_torch(seeded):
+    """A NaN is the extreme (and its index the argmax), as in torch; the kernel keeps a NaN
+    flag beside its vectorised maximum."""
+    m = Extremes()
+    c = symfuse.compile(m, (torch.randn(3, 7, 5),))
+    for shape in [(2, 13, 16), (3, 5, 7)]:
+        x = torch.randn(shape)
+        x[0, 1, 2] = x[1, 2, 0] = float("nan")
+        for got, want in zip(c(x), m(x)):
+            assert torch.equal(got.isnan(), want.isnan()), (shape, got, want)
+            assert torch.equal(got.nan_to_num(0), want.nan_to_num(0)), (shape, got, want)
+    src = "\n".join(k.source for k in c.native.kernels.values())
+    assert "|= " in src and "= NAN;" in src

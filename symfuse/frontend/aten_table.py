@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from symfuse.frontend import composite as cs
+from symfuse.frontend.composite import arg_extreme, conv_transpose2d, pad_constant
 from symfuse.ir.dims import dim, exact_quotient, product, slice_bound
 from symfuse.ir.dtypes import DType
 
@@ -128,14 +130,14 @@ def _log1p(cv, a):
     return cv.emit("log", [cv.emit("add", [cv.tensor(a["self"]), cv.operand(1.0)])])
 
 
-@converts(aten.elu.default)
+@converts(aten.elu.default, aten.celu.default)
 def _elu(cv, a):
-    """scale * (x where x > 0, else alpha * (exp(x * input_scale) - 1))."""
     x = cv.tensor(a["self"])
+    if cv.target is aten.celu.default:
+        alpha = float(a.get("alpha", 1.0))
+        return cs.elu(cv, x, alpha, input_scale=1 / alpha)
     alpha, scale, in_scale = (float(a.get(k, 1.0)) for k in ("alpha", "scale", "input_scale"))
-    neg = cv.emit("sub", [cv.emit("exp", [cv.emit("mul", [x, cv.operand(in_scale)])]), cv.operand(1.0)])
-    y = cv.emit("where", [cv.emit("gt", [x, cv.operand(0.0)]), x, cv.emit("mul", [neg, cv.operand(alpha)])])
-    return y if scale == 1.0 else cv.emit("mul", [y, cv.operand(scale)])
+    return cs.elu(cv, x, alpha, scale, in_scale)
 
 
 @converts(aten.leaky_relu.default)
@@ -145,11 +147,76 @@ def _leaky_relu(cv, a):
     return cv.emit("where", [cv.emit("gt", [x, cv.operand(0.0)]), x, cv.emit("mul", [x, cv.operand(slope)])])
 
 
-@converts(aten.fmod.Scalar, aten.fmod.Tensor)
+@converts(aten.fmod.Scalar, aten.fmod.Tensor, aten.remainder.Scalar, aten.remainder.Tensor)
 def _fmod(cv, a):
-    """C's remainder (the sign of the dividend): x - y * trunc(x / y)."""
+    """fmod: C's remainder (the dividend's sign); remainder: Python's (the divisor's)."""
     x, y = cv.operand(a["self"]), cv.operand(a["other"])
-    return cv.emit("sub", [x, cv.emit("mul", [y, cv.emit("div", [x, y], rounding_mode="trunc")])])
+    return cs.remainder(cv, x, y, c_style=cv.target in (aten.fmod.Scalar, aten.fmod.Tensor))
+
+
+_UNARY_COMPOSITES = {
+    aten.round.default: cs.round_half_even, aten.sign.default: cs.sign, aten.trunc.default: cs.trunc,
+    aten.floor.default: cs.floor, aten.ceil.default: cs.ceil, aten.tan.default: cs.tan,
+    aten.sinh.default: lambda cv, x: cs.hyperbolic(cv, x, odd=True),
+    aten.cosh.default: lambda cv, x: cs.hyperbolic(cv, x, odd=False),
+    aten.frac.default: lambda cv, x: cv.emit("sub", [x, cs.trunc(cv, x)]),
+    aten.expm1.default: lambda cv, x: cv.emit("sub", [cv.emit("exp", [x]), cs.scalar(cv, x, 1)]),
+    aten.exp2.default: lambda cv, x: cv.emit("exp", [cv.emit("mul", [x, cs.scalar(cv, x, 0.6931471805599453)])]),
+    aten.log2.default: lambda cv, x: cv.emit("mul", [cv.emit("log", [x]), cs.scalar(cv, x, 1.4426950408889634)]),
+    aten.log10.default: lambda cv, x: cv.emit("mul", [cv.emit("log", [x]), cs.scalar(cv, x, 0.4342944819032518)]),
+    aten.isinf.default: cs.isinf,
+    aten.isposinf.default: lambda cv, x: cs.isinf(cv, x, negative=False),
+    aten.isneginf.default: lambda cv, x: cs.isinf(cv, x, positive=False),
+}  # fmt: skip
+
+
+@converts(*_UNARY_COMPOSITES)
+def _unary_composite(cv, a):
+    """Element-wise ops written as several registry ops (`composite`); exp2, log2 and log10
+    through exp and log by a constant factor, expm1 as exp(x) - 1 (which loses the digits
+    of a tiny x that torch's keeps, within 1e-7 of the output's scale)."""
+    x = cv.tensor(a["self"])
+    if cv.target is aten.round.default and a.get("decimals", 0):
+        raise Unsupported("round to decimals")
+    if not x.type.dtype.is_float and cv.target in (aten.exp2.default, aten.log2.default, aten.log10.default,
+                                                   aten.expm1.default, aten.tan.default):  # fmt: skip
+        x = cv.emit("cast", [x], dtype=DType.float32)
+    return _UNARY_COMPOSITES[cv.target](cv, x)
+
+
+@converts(aten.logical_xor.default, aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar)
+def _xor(cv, a):
+    x, y = cv.operand(a["self"]), cv.operand(a["other"])
+    if cv.target is aten.logical_xor.default:
+        return cv.emit("ne", [cs.truth(cv, x), cs.truth(cv, y)])
+    return cs.bitwise_xor(cv, x, y)
+
+
+@converts(aten.hypot.default)
+def _hypot(cv, a):
+    x, y = cv.tensor(a["self"]), cv.tensor(a["other"])
+    return cv.emit("sqrt", [cv.emit("add", [cv.emit("mul", [x, x]), cv.emit("mul", [y, y])])])
+
+
+@converts(aten.nan_to_num.default)
+def _nan_to_num(cv, a):
+    """NaN to `nan` (0), +-inf to `posinf`/`neginf` (the dtype's largest and smallest)."""
+    x = cv.tensor(a["self"])
+    if not x.type.dtype.is_float:
+        return x
+    info = torch.finfo(x.type.dtype.torch)
+    nan, pos, neg = (a.get(k) for k in ("nan", "posinf", "neginf"))
+    y = cv.emit("where", [cv.emit("ne", [x, x]), cs.scalar(cv, x, 0.0 if nan is None else nan), x])
+    y = cv.emit("where", [cs.isinf(cv, x, negative=False), cs.scalar(cv, x, info.max if pos is None else pos), y])
+    return cv.emit("where", [cs.isinf(cv, x, positive=False), cs.scalar(cv, x, info.min if neg is None else neg), y])
+
+
+@converts(aten.one_hot.default)
+def _one_hot(cv, a):
+    depth = int(a.get("num_classes", -1))
+    if depth < 0:
+        raise Unsupported("one_hot without num_classes (its size would depend on the data)")
+    return cv.emit("cast", [cs.one_hot(cv, cv.tensor(a["self"]), depth)], dtype=DType.int64)
 
 
 @converts(aten.pow.Tensor_Scalar)
@@ -167,7 +234,10 @@ def _gelu(cv, a):
     return cv.emit("gelu", [cv.tensor(a["self"])], approximate=a.get("approximate", "none"))
 
 
-@converts(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.hardtanh.default)
+@converts(
+    aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.hardtanh.default, aten.clamp.Tensor,
+    aten.clamp_min.Tensor, aten.clamp_max.Tensor,
+)  # fmt: skip
 def _clamp(cv, a):
     lo = a.get("min", a.get("min_val"))
     hi = a.get("max", a.get("max_val"))
@@ -404,25 +474,6 @@ def _pad(cv, a):
     return pad_constant(cv, x, sides, fill)
 
 
-def pad_constant(cv, x, sides: dict, fill):
-    """`x` padded with the scalar value `fill` by `sides` ({dim: (before, after)}): a filled
-    block concatenated on each padded side; a negative pad slices instead, and a symbolic
-    pad is a size, never negative. Both frontends' constant padding."""
-    for k, (lo, hi) in sorted(sides.items()):
-        if isinstance(lo, int) and lo < 0:
-            x, lo = cv.emit("slice", [x], dim=k, start=-lo, end=None, step=1), 0
-        if isinstance(hi, int) and hi < 0:
-            x, hi = cv.emit("slice", [x], dim=k, start=0, end=x.type.shape[k] + hi, step=1), 0
-        blocks = []
-        for p in (lo, hi):
-            shape = list(x.type.shape)
-            shape[k] = dim(p)
-            blocks.append(None if cv.b.store.canon(shape[k]) == 0 else cv.emit("expand", [fill], sizes=tuple(shape)))
-        if blocks != [None, None]:
-            x = cv.emit("cat", [v for v in (blocks[0], x, blocks[1]) if v is not None], dim=k)
-    return x
-
-
 @converts(aten.repeat.default)
 def _repeat(cv, a):
     """`x.repeat(r0, r1, ...)`: each dim d tiled r times as a new outer dim (r, d), merged."""
@@ -613,9 +664,13 @@ def _vector_norm(cv, a):
     return cv.emit("pow_scalar", [powered], exponent=1.0 / p)
 
 
-@converts(aten.var.correction, aten.var.dim, aten.std.correction, aten.std.dim)
+@converts(
+    aten.var.correction, aten.var.dim, aten.std.correction, aten.std.dim, aten.var_mean.correction,
+    aten.var_mean.dim, aten.std_mean.correction, aten.std_mean.dim,
+)  # fmt: skip
 def _var_std(cv, a):
-    """Variance as the mean of squared deviations over n - correction elements; std its root."""
+    """Variance as the mean of squared deviations over n - correction elements; std its root;
+    `var_mean` and `std_mean` return the mean too."""
     x = cv.tensor(a["self"])
     if not x.type.dtype.is_float:
         raise Unsupported(f"variance of a {x.type.dtype} tensor")
@@ -623,35 +678,16 @@ def _var_std(cv, a):
     correction = a.get("correction")
     correction = (1 if a.get("unbiased", True) else 0) if correction is None else correction
     keep = a.get("keepdim", False)
-    dev = cv.emit("sub", [x, cv.emit("mean", [x], dims=dims, keepdim=True, dtype=None)])
+    mean = cv.emit("mean", [x], dims=dims, keepdim=True, dtype=None)
+    dev = cv.emit("sub", [x, mean])
     total = cv.emit("sum", [cv.emit("mul", [dev, dev])], dims=dims, keepdim=keep, dtype=None)
     n = product(x.type.shape[d] for d in dims) - dim(correction)
     out = cv.emit("div", [total, cv.emit("cast", [cv.operand(n)], dtype=x.type.dtype)], rounding_mode=None)
-    return cv.emit("sqrt", [out]) if cv.target in (aten.std.correction, aten.std.dim) else out
-
-
-def arg_extreme(cv, x, axis: int | None, keepdim: bool, largest: bool, last: bool = False):
-    """`(values, indices)` of the largest (or smallest) element along `axis` (None: of the
-    flattened tensor): the extreme by one reduction, then the first (`last`: the last) index
-    where it is met, or where `x` is NaN (as torch, a NaN counts as the extreme), by a second
-    reduction over `where(hit, index, size)`. Both frontends' argmax and argmin."""
-    if axis is None:
-        rank = x.type.rank
-        flat = cv.emit("reshape", [x], shape=(product(x.type.shape),))
-        values, at = arg_extreme(cv, flat, 0, False, largest, last)
-        if keepdim:
-            values, at = (cv.emit("reshape", [t], shape=(dim(1),) * rank) for t in (values, at))
-        return values, at
-    axis %= max(x.type.rank, 1)
-    size = x.type.shape[axis]
-    ext = cv.emit("amax" if largest else "amin", [x], dims=(axis,), keepdim=True)
-    hit = cv.emit("logical_or", [cv.emit("eq", [x, ext]), cv.emit("ne", [x, x])])
-    shape = tuple(size if k == axis else dim(1) for k in range(x.type.rank))
-    index = cv.emit("reshape", [cv.emit("arange", [], start=dim(0), end=size, step=1, dtype=DType.int64)], shape=shape)
-    past = int(size) if size.is_Integer else size
-    miss = cv.emit("full", [], shape=(), value=-1 if last else past, dtype=DType.int64)
-    at = cv.emit("amax" if last else "amin", [cv.emit("where", [hit, index, miss])], dims=(axis,), keepdim=keepdim)
-    return (ext if keepdim else cv.emit("reshape", [ext], shape=at.type.shape)), at
+    std = cv.target in (aten.std.correction, aten.std.dim, aten.std_mean.correction, aten.std_mean.dim)
+    out = cv.emit("sqrt", [out]) if std else out
+    if cv.target in (aten.var.correction, aten.var.dim, aten.std.correction, aten.std.dim):
+        return out
+    return out, (mean if keep else cv.emit("reshape", [mean], shape=out.type.shape))
 
 
 @converts(aten.max.dim, aten.min.dim)
@@ -664,6 +700,14 @@ def _max_dim(cv, a):
 def _argmax(cv, a):
     x, largest = cv.tensor(a["self"]), cv.target is aten.argmax.default
     return arg_extreme(cv, x, a.get("dim"), a.get("keepdim", False), largest)[1]
+
+
+@converts(aten.max.default, aten.min.default)
+def _max_all(cv, a):
+    x = cv.tensor(a["self"])
+    return cv.emit(
+        "amax" if cv.target is aten.max.default else "amin", [x], dims=tuple(range(x.type.rank)), keepdim=False
+    )
 
 
 @converts(aten.amax.default, aten.amin.default)
@@ -787,37 +831,6 @@ def _conv2d(cv, a):
         "conv2d", [cv.tensor(a["input"]), cv.tensor(a["weight"]), cv.opt(a.get("bias"))],
         stride=_pair(a.get("stride", 1)), padding=_pair(a.get("padding", 0)),
         dilation=_pair(a.get("dilation", 1)), groups=int(a.get("groups", 1)),
-    )  # fmt: skip
-
-
-def conv_transpose2d(cv, x, weight: torch.Tensor, bias, stride, padding, output_padding, dilation, groups: int):
-    """A transposed 2-D convolution as the convolution it is the gradient of: zeros inserted
-    between the input's elements (stride - 1 of them), the input padded by
-    `dilation * (kernel - 1) - padding` (`padding`: each dim's begin and end; `output_padding`
-    added at the end; a negative pad
-    crops), and a stride-1 convolution with the weight's channel axes swapped per group and
-    its window flipped (done once, on the constant). It multiplies the inserted zeros too:
-    stride^2 times the products the transposed form needs. Both frontends' ConvTranspose."""
-    cin, cout_g, kh, kw = weight.shape
-    w = weight.reshape(groups, cin // groups, cout_g, kh, kw).transpose(1, 2)
-    w = w.reshape(groups * cout_g, cin // groups, kh, kw).flip(2, 3).contiguous()
-    for k, st in ((2, stride[0]), (3, stride[1])):
-        if st == 1:
-            continue
-        s = list(x.type.shape)
-        gap = cv.emit("expand", [cv.b.scalar(0.0, x.type.dtype)], sizes=tuple(s[: k + 1] + [dim(st - 1)] + s[k + 1 :]))
-        one = cv.emit("reshape", [x], shape=tuple(s[: k + 1] + [dim(1)] + s[k + 1 :]))
-        spread = cv.emit("cat", [one, gap], dim=k + 1)
-        s[k] = s[k] * st
-        x = cv.emit("reshape", [spread], shape=tuple(s))
-        x = cv.emit("slice", [x], dim=k, start=0, end=s[k] - (st - 1), step=1)
-    sides = {}  # padding: each dim's (begin, end)
-    for k, (kern, d, (begin, end), extra) in enumerate(zip((kh, kw), dilation, padding, output_padding)):
-        sides[2 + k] = (d * (kern - 1) - begin, d * (kern - 1) - end + extra)
-    x = pad_constant(cv, x, sides, cv.b.scalar(0.0, x.type.dtype))
-    return cv.emit(
-        "conv2d", [x, cv.b.constant(f"{cv.name}_weight", w), bias], stride=(1, 1), padding=(0, 0),
-        dilation=tuple(dilation), groups=groups,
     )  # fmt: skip
 
 

@@ -19,7 +19,9 @@ import onnx
 import sympy
 import torch
 
-from symfuse.frontend.aten_table import Unsupported, arg_extreme, conv_transpose2d, pad_constant
+from symfuse.frontend import composite as cs
+from symfuse.frontend.aten_table import Unsupported
+from symfuse.frontend.composite import arg_extreme, conv_transpose2d, pad_constant
 from symfuse.ir.dims import ceildiv, dim, dmax, dmin, exact_quotient, floordiv, mod, product
 from symfuse.ir.dtypes import DType
 from symfuse.ir.graph import Value
@@ -434,91 +436,40 @@ def _hardswish(cx, n):
     return cx.emit("mul", [x, _hard_sigmoid(cx, x, 1 / 6, 0.5)])
 
 
-def _scalar(cx, x: Value, v: float) -> Value:
-    return cx.b.scalar(float(v) if x.type.dtype.is_float else int(v), x.type.dtype, loc=cx.loc)
+_scalar = cs.scalar
 
 
-def _where_positive(cx, x: Value, neg: Value) -> Value:
-    return cx.emit("where", [cx.emit("gt", [x, _scalar(cx, x, 0)]), x, neg])
-
-
-def _softplus(cx, x: Value) -> Value:
-    """log(1 + exp(x)) as max(x, 0) + log(1 + exp(-|x|)): no overflow."""
-    small = cx.emit("exp", [cx.emit("neg", [cx.emit("abs", [x])])])
-    tail = cx.emit("log", [cx.emit("add", [_scalar(cx, x, 1), small])])
-    return cx.emit("add", [cx.emit("relu", [x]), tail])
-
-
-def _floor(cx, x: Value) -> Value:
-    return cx.emit("div", [x, _scalar(cx, x, 1)], rounding_mode="floor") if x.type.dtype.is_float else x
-
-
-@converts("Floor", "Ceil")
-def _floor_ceil(cx, n):
-    x = cx.tensor(n.ins[0])
-    return _floor(cx, x) if n.op == "Floor" else cx.emit("neg", [_floor(cx, cx.emit("neg", [x]))])
-
-
-@converts("Round")
-def _round(cx, n):
-    """To the nearest integer, a half to the even one: floor(x), plus 1 above a half, and at
-    a half plus floor(x) mod 2."""
-    x = cx.tensor(n.ins[0])
-    f = _floor(cx, x)
-    frac = cx.emit("sub", [x, f])
-    half = _scalar(cx, x, 0.5)
-    odd = cx.emit("sub", [f, cx.emit("mul", [_floor(cx, cx.emit("mul", [f, half])), _scalar(cx, x, 2)])])
-    at_half = cx.emit("where", [cx.emit("eq", [frac, half]), cx.emit("add", [f, odd]), f])
-    return cx.emit("where", [cx.emit("gt", [frac, half]), cx.emit("add", [f, _scalar(cx, x, 1)]), at_half])
+@converts("Floor", "Ceil", "Round")
+def _floor_ceil_round(cx, n):
+    fn = {"Floor": cs.floor, "Ceil": cs.ceil, "Round": cs.round_half_even}[n.op]
+    return fn(cx, cx.tensor(n.ins[0]))
 
 
 @converts("Mod")
 def _mod(cx, n):
-    """fmod=1: C's remainder, with the dividend's sign (`a - b * trunc(a / b)`, and `a` itself
-    where the quotient truncates to 0, so an infinite divisor leaves `a`); fmod=0: with the
-    divisor's sign, as Python's % (the remainder moved by `b` where the signs differ)."""
-    a, b = cx.tensor(n.ins[0]), cx.tensor(n.ins[1])
-    q = cx.emit("div", [a, b], rounding_mode="trunc")
-    zero = _scalar(cx, q, 0)
-    r = cx.emit("where", [cx.emit("eq", [q, zero]), a, cx.emit("sub", [a, cx.emit("mul", [b, q])])])
-    if n.attrs.get("fmod", 0):
-        return r
-    zero = _scalar(cx, r, 0)
-    moved = cx.emit("logical_and", [
-        cx.emit("ne", [r, zero]), cx.emit("ne", [cx.emit("lt", [r, zero]), cx.emit("lt", [b, _scalar(cx, b, 0)])]),
-    ])  # fmt: skip
-    return cx.emit("where", [moved, cx.emit("add", [r, b]), r])
+    """fmod=1: C's remainder; fmod=0: Python's (the divisor's sign)."""
+    return cs.remainder(cx, cx.tensor(n.ins[0]), cx.tensor(n.ins[1]), c_style=bool(n.attrs.get("fmod", 0)))
 
 
 @converts("Sign")
 def _sign(cx, n):
-    x = cx.tensor(n.ins[0])
-    pos, neg = (cx.emit("cast", [cx.emit(op, [x, _scalar(cx, x, 0)])], dtype=x.type.dtype) for op in ("gt", "lt"))
-    return cx.emit("sub", [pos, neg])
+    return cs.sign(cx, cx.tensor(n.ins[0]))
 
 
 @converts("IsInf")
 def _isinf(cx, n):
     x = cx.tensor(n.ins[0])
-    pos = cx.emit("eq", [x, _scalar(cx, x, float("inf"))])
-    neg = cx.emit("eq", [x, _scalar(cx, x, float("-inf"))])
-    want = (n.attrs.get("detect_positive", 1), n.attrs.get("detect_negative", 1))
-    if want == (1, 1):
-        return cx.emit("logical_or", [pos, neg])
-    if want == (0, 0):
-        return cx.emit("logical_and", [pos, neg])  # never both
-    return pos if want[0] else neg
+    return cs.isinf(cx, x, bool(n.attrs.get("detect_positive", 1)), bool(n.attrs.get("detect_negative", 1)))
 
 
 @converts("Elu", "Celu", "Selu")
 def _elu(cx, n):
-    """alpha * (exp(x / alpha) - 1) below 0 (Celu divides by alpha, Elu does not); Selu scales both sides."""
     x = cx.tensor(n.ins[0])
-    alpha = float(n.attrs.get("alpha", {"Elu": 1.0, "Celu": 1.0, "Selu": 1.6732632423543772}[n.op]))
-    inner = cx.emit("mul", [x, _scalar(cx, x, 1 / alpha)]) if n.op == "Celu" else x
-    neg = cx.emit("mul", [cx.emit("sub", [cx.emit("exp", [inner]), _scalar(cx, x, 1)]), _scalar(cx, x, alpha)])
-    y = _where_positive(cx, x, neg)
-    return cx.emit("mul", [y, _scalar(cx, x, float(n.attrs.get("gamma", 1.0507009873554805)))]) if n.op == "Selu" else y
+    if n.op == "Selu":
+        alpha, gamma = float(n.attrs.get("alpha", 1.6732632423543772)), float(n.attrs.get("gamma", 1.0507009873554805))
+        return cs.elu(cx, x, alpha, scale=gamma)
+    alpha = float(n.attrs.get("alpha", 1.0))
+    return cs.elu(cx, x, alpha, input_scale=1 / alpha if n.op == "Celu" else 1.0)
 
 
 @converts("ThresholdedRelu")
@@ -549,18 +500,14 @@ def _soft(cx, n):
     x = cx.tensor(n.ins[0])
     if n.op == "Softsign":
         return cx.emit("div", [x, cx.emit("add", [_scalar(cx, x, 1), cx.emit("abs", [x])])], rounding_mode=None)
-    sp = _softplus(cx, x)
+    sp = cs.softplus(cx, x)
     return sp if n.op == "Softplus" else cx.emit("mul", [x, cx.emit("tanh", [sp])])
 
 
 @converts("Tan", "Sinh", "Cosh")
 def _trig(cx, n):
     x = cx.tensor(n.ins[0])
-    if n.op == "Tan":
-        return cx.emit("div", [cx.emit("sin", [x]), cx.emit("cos", [x])], rounding_mode=None)
-    up, down = cx.emit("exp", [x]), cx.emit("exp", [cx.emit("neg", [x])])
-    both = cx.emit("sub" if n.op == "Sinh" else "add", [up, down])
-    return cx.emit("mul", [both, _scalar(cx, x, 0.5)])
+    return cs.tan(cx, x) if n.op == "Tan" else cs.hyperbolic(cx, x, odd=n.op == "Sinh")
 
 
 @converts("Mean")
@@ -571,7 +518,7 @@ def _mean(cx, n):
 
 @converts("Xor")
 def _xor(cx, n):
-    return cx.emit("ne", [cx.tensor(n.ins[0]), cx.tensor(n.ins[1])])
+    return cs.bitwise_xor(cx, cx.tensor(n.ins[0]), cx.tensor(n.ins[1]))
 
 
 # -- creation -----------------------------------------------------------------------------------
@@ -794,22 +741,15 @@ def _trilu(cx, n):
 @converts("OneHot")
 def _one_hot(cx, n):
     """`values[1]` where the position along the new `axis` equals the index (a negative one
-    counts from the end of `depth`), `values[0]` elsewhere."""
+    counts from the end of `depth`; real indices are truncated), `values[0]` elsewhere."""
     idx = cx.tensor(n.ins[0])
     depth = int(cx.known(n.ins[1], "OneHot's depth").reshape(-1)[0])  # any numeric type
     values = cx.known(n.ins[2], "OneHot's values")
-    rank = idx.type.rank + 1
-    axis = n.attrs.get("axis", -1) % rank
-    if not idx.type.dtype.is_float:
-        idx = cx.emit("cast", [idx], dtype=DType.int64)
-    else:  # ONNX casts real indices to integers
-        idx = cx.emit("cast", [cx.emit("div", [idx, _scalar(cx, idx, 1)], rounding_mode="trunc")], dtype=DType.int64)
+    idx = cx.emit("cast", [cs.trunc(cx, idx)], dtype=DType.int64)
     depth_v = cx.b.scalar(depth, DType.int64, loc=cx.loc)
     idx = cx.emit("where", [cx.emit("lt", [idx, cx.b.scalar(0, DType.int64, loc=cx.loc)]),
                             cx.emit("add", [idx, depth_v]), idx])  # fmt: skip
-    shape = list(idx.type.shape)
-    shape.insert(axis, dim(1))
-    hit = cx.emit("eq", [cx.emit("reshape", [idx], shape=tuple(shape)), _position(cx, dim(depth), axis, rank)])
+    hit = cs.one_hot(cx, idx, depth, n.attrs.get("axis", -1))
     off, on = (cx.tensor(np.array(values.reshape(-1)[i])) for i in (0, 1))
     return cx.emit("where", [hit, on, off])
 

@@ -241,25 +241,35 @@ class OutputStorages:
         return freed
 
 
-# how many tensors and storage objects hold a storage's memory (torch's own, for its CUDA graph
-# trees); without it every output is allocated afresh
+def onednn_lacks(dtype: torch.dtype) -> bool:
+    """Whether oneDNN refuses `dtype` on this CPU (fp16 without AVX512-FP16 or AVX-NE-CONVERT,
+    bf16 without AVX-512)."""
+    if dtype == torch.float16:
+        return not torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    if dtype == torch.bfloat16:
+        return not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return False
+
+
 def _portable(op: Callable) -> Callable:
-    """oneDNN's `op` (linear or convolution: input, weight, bias, ...), which refuses fp16 or
-    bf16 on a CPU without the instructions for them: there the call runs in fp32 and its
-    result is narrowed back. Decided once per process; where both are supported, `op` itself."""
-    narrow = {torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported(),
-              torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported()}  # fmt: skip
-    if all(narrow.values()):
+    """oneDNN's `op` (linear or convolution: input, weight, bias, ...); where this CPU lacks
+    fp16 or bf16 for it, a call in that type runs in fp32 (its weight is already fp32 where
+    `reorder_weight` made it) and the result is narrowed back. Decided when a program is
+    linked; where the CPU has both, `op` itself."""
+    lacks = {dt for dt in (torch.float16, torch.bfloat16) if onednn_lacks(dt)}
+    if not lacks:
         return op
 
     def call(x, w, b, *rest):
-        if narrow.get(x.dtype, True):
+        if x.dtype not in lacks:
             return op(x, w, b, *rest)
         return op(x.float(), w.float(), None if b is None else b.float(), *rest).to(x.dtype)
 
     return call
 
 
+# how many tensors and storage objects hold a storage's memory (torch's own, for its CUDA graph
+# trees); without it every output is allocated afresh
 _USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 
 
@@ -283,5 +293,6 @@ class OneDNNWeights(dict):
 
 
 def reorder_weight(w: torch.Tensor) -> torch.Tensor:
-    """A linear layer's weight in oneDNN's blocked layout, for every number of rows."""
-    return torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
+    """A linear layer's weight in oneDNN's blocked layout, for every number of rows (in fp32
+    where oneDNN lacks the weight's type on this CPU: `_portable` multiplies in fp32 there)."""
+    return torch.ops.mkldnn._reorder_linear_weight((w.float() if onednn_lacks(w.dtype) else w).contiguous())

@@ -157,9 +157,13 @@ class _Emitter:
         init = {"sum": "0", "max": "-INFINITY" if r.dtype.is_float else f"std::numeric_limits<{ct}>::lowest()",
                 "min": "INFINITY" if r.dtype.is_float else f"std::numeric_limits<{ct}>::max()"}[r.op]  # fmt: skip
         self.line(f"{ct} {acc} = {init};")
+        nan = self.var("nan") if r.op != "sum" and r.dtype.is_float else None  # a NaN is the extreme, as in torch
+        if nan:
+            self.line(f"int {nan} = 0;")
         if not has_reduce(r.body) and r.dtype is not DType.bool:
             collapse = f" collapse({len(r.axes)})" if len(r.axes) > 1 else ""
-            self.line(f"#pragma omp simd reduction({'+' if r.op == 'sum' else r.op}:{acc}){collapse}")
+            flag = f" reduction(|:{nan})" if nan else ""
+            self.line(f"#pragma omp simd reduction({'+' if r.op == 'sum' else r.op}:{acc}){flag}{collapse}")
         for v, ext in r.axes:
             self.line(f"for (int64_t {v.name} = 0; {v.name} < {cidx(ext, self.names)}; ++{v.name}) {{")
             self.depth += 1
@@ -172,9 +176,13 @@ class _Emitter:
             x = self.var("x")
             self.line(f"const {ct} {x} = {code};")
             self.line(f"{acc} = {x} {'>' if r.op == 'max' else '<'} {acc} ? {x} : {acc};")
+            if nan:
+                self.line(f"{nan} |= {x} != {x};")
         for _ in r.axes:
             self.depth -= 1
             self.line("}")
+        if nan:
+            self.line(f"if ({nan}) {acc} = NAN;")
         return acc
 
     def call(self, s: Call, args: list[tuple[str, DType]]) -> str:

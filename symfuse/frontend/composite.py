@@ -1,0 +1,202 @@
+"""Compositions both frontends write ops as: an op the registry does not have (Ceil, sign,
+a remainder, transposed convolution, argmax) as several registry ops, and the padding and
+reductions both need. Each takes the converter (`emit`, `b`) of either frontend and symfuse
+values, so an op is written once for the torch and the ONNX import alike.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from symfuse.ir.dims import dim, product
+from symfuse.ir.dtypes import DType
+from symfuse.ir.graph import Value
+
+
+def scalar(cv, like: Value, v) -> Value:
+    """`v` as a 0-d value of `like`'s dtype."""
+    dt = like.type.dtype
+    return cv.b.scalar(bool(v) if dt == DType.bool else float(v) if dt.is_float else int(v), dt, loc=cv.loc)
+
+
+def floor(cv, x: Value) -> Value:
+    return cv.emit("div", [x, scalar(cv, x, 1)], rounding_mode="floor") if x.type.dtype.is_float else x
+
+
+def ceil(cv, x: Value) -> Value:
+    return cv.emit("neg", [floor(cv, cv.emit("neg", [x]))]) if x.type.dtype.is_float else x
+
+
+def trunc(cv, x: Value) -> Value:
+    return cv.emit("div", [x, scalar(cv, x, 1)], rounding_mode="trunc") if x.type.dtype.is_float else x
+
+
+def round_half_even(cv, x: Value) -> Value:
+    """To the nearest integer, a half to the even one: floor(x), plus 1 above a half, and at
+    a half plus floor(x) mod 2."""
+    if not x.type.dtype.is_float:
+        return x
+    f = floor(cv, x)
+    frac = cv.emit("sub", [x, f])
+    half = scalar(cv, x, 0.5)
+    odd = cv.emit("sub", [f, cv.emit("mul", [floor(cv, cv.emit("mul", [f, half])), scalar(cv, x, 2)])])
+    at_half = cv.emit("where", [cv.emit("eq", [frac, half]), cv.emit("add", [f, odd]), f])
+    return cv.emit("where", [cv.emit("gt", [frac, half]), cv.emit("add", [f, scalar(cv, x, 1)]), at_half])
+
+
+def sign(cv, x: Value) -> Value:
+    """1, 0 or -1 in `x`'s dtype (a NaN stays NaN, as in torch and ONNX)."""
+    zero = scalar(cv, x, 0)
+    pos, neg = (cv.emit("cast", [cv.emit(op, [x, zero])], dtype=x.type.dtype) for op in ("gt", "lt"))
+    s = cv.emit("sub", [pos, neg])
+    return cv.emit("where", [cv.emit("ne", [x, x]), x, s]) if x.type.dtype.is_float else s
+
+
+def remainder(cv, a: Value, b: Value, c_style: bool) -> Value:
+    """`c_style`: C's fmod, with the dividend's sign (`a - b * trunc(a / b)`, and `a` itself
+    where the quotient truncates to 0, so an infinite divisor leaves `a`); else Python's %,
+    with the divisor's sign (the remainder moved by `b` where the signs differ)."""
+    q = cv.emit("div", [a, b], rounding_mode="trunc")
+    r = cv.emit("where", [cv.emit("eq", [q, scalar(cv, q, 0)]), a, cv.emit("sub", [a, cv.emit("mul", [b, q])])])
+    if c_style:
+        return r
+    zero = scalar(cv, r, 0)
+    moved = cv.emit("logical_and", [
+        cv.emit("ne", [r, zero]), cv.emit("ne", [cv.emit("lt", [r, zero]), cv.emit("lt", [b, scalar(cv, b, 0)])]),
+    ])  # fmt: skip
+    return cv.emit("where", [moved, cv.emit("add", [r, b]), r])
+
+
+def elu(cv, x: Value, alpha: float, scale: float = 1.0, input_scale: float = 1.0) -> Value:
+    """scale * (x where x > 0, else alpha * (exp(x * input_scale) - 1)): ELU, CELU (input
+    scale 1 / alpha) and SELU (a scale)."""
+    inner = x if input_scale == 1.0 else cv.emit("mul", [x, scalar(cv, x, input_scale)])
+    neg = cv.emit("mul", [cv.emit("sub", [cv.emit("exp", [inner]), scalar(cv, x, 1)]), scalar(cv, x, alpha)])
+    y = cv.emit("where", [cv.emit("gt", [x, scalar(cv, x, 0)]), x, neg])
+    return y if scale == 1.0 else cv.emit("mul", [y, scalar(cv, x, scale)])
+
+
+def softplus(cv, x: Value) -> Value:
+    """log(1 + exp(x)) as max(x, 0) + log(1 + exp(-|x|)): no overflow."""
+    small = cv.emit("exp", [cv.emit("neg", [cv.emit("abs", [x])])])
+    return cv.emit("add", [cv.emit("relu", [x]), cv.emit("log", [cv.emit("add", [scalar(cv, x, 1), small])])])
+
+
+def tan(cv, x: Value) -> Value:
+    return cv.emit("div", [cv.emit("sin", [x]), cv.emit("cos", [x])], rounding_mode=None)
+
+
+def hyperbolic(cv, x: Value, odd: bool) -> Value:
+    """sinh (`odd`) or cosh: (exp(x) -+ exp(-x)) / 2."""
+    up, down = cv.emit("exp", [x]), cv.emit("exp", [cv.emit("neg", [x])])
+    return cv.emit("mul", [cv.emit("sub" if odd else "add", [up, down]), scalar(cv, x, 0.5)])
+
+
+def isinf(cv, x: Value, positive: bool = True, negative: bool = True) -> Value:
+    pos = cv.emit("eq", [x, scalar(cv, x, float("inf"))])
+    neg = cv.emit("eq", [x, scalar(cv, x, float("-inf"))])
+    if positive and negative:
+        return cv.emit("logical_or", [pos, neg])
+    if not (positive or negative):
+        return cv.emit("logical_and", [pos, neg])  # never both
+    return pos if positive else neg
+
+
+def truth(cv, x: Value) -> Value:
+    """`x` as bool (nonzero), as logical ops read their operands."""
+    return x if x.type.dtype == DType.bool else cv.emit("ne", [x, scalar(cv, x, 0)])
+
+
+def bitwise_xor(cv, a: Value, b: Value) -> Value:
+    if a.type.dtype == DType.bool and b.type.dtype == DType.bool:
+        return cv.emit("ne", [a, b])
+    both = cv.emit("bitwise_and", [a, b])
+    return cv.emit("bitwise_and", [cv.emit("bitwise_or", [a, b]), cv.emit("bitwise_not", [both])])
+
+
+def one_hot(cv, index: Value, depth: int, axis: int = -1) -> Value:
+    """Whether each position along a new `axis` of size `depth` equals the index (bool)."""
+    rank = index.type.rank + 1
+    axis %= rank
+    shape = list(index.type.shape)
+    shape.insert(axis, dim(1))
+    at = cv.emit("reshape", [index], shape=tuple(shape))
+    positions = cv.emit("arange", [], start=dim(0), end=dim(depth), step=1, dtype=DType.int64)
+    along = tuple(dim(depth) if k == axis else dim(1) for k in range(rank))
+    if at.type.dtype != DType.int64:
+        at = cv.emit("cast", [at], dtype=DType.int64)
+    return cv.emit("eq", [at, cv.emit("reshape", [positions], shape=along)])
+
+
+def pad_constant(cv, x, sides: dict, fill):
+    """`x` padded with the scalar value `fill` by `sides` ({dim: (before, after)}): a filled
+    block concatenated on each padded side; a negative pad slices instead, and a symbolic
+    pad is a size, never negative. Both frontends' constant padding."""
+    for k, (lo, hi) in sorted(sides.items()):
+        if isinstance(lo, int) and lo < 0:
+            x, lo = cv.emit("slice", [x], dim=k, start=-lo, end=None, step=1), 0
+        if isinstance(hi, int) and hi < 0:
+            x, hi = cv.emit("slice", [x], dim=k, start=0, end=x.type.shape[k] + hi, step=1), 0
+        blocks = []
+        for p in (lo, hi):
+            shape = list(x.type.shape)
+            shape[k] = dim(p)
+            blocks.append(None if cv.b.store.canon(shape[k]) == 0 else cv.emit("expand", [fill], sizes=tuple(shape)))
+        if blocks != [None, None]:
+            x = cv.emit("cat", [v for v in (blocks[0], x, blocks[1]) if v is not None], dim=k)
+    return x
+
+
+def arg_extreme(cv, x, axis: int | None, keepdim: bool, largest: bool, last: bool = False):
+    """`(values, indices)` of the largest (or smallest) element along `axis` (None: of the
+    flattened tensor): the extreme by one reduction, then the first (`last`: the last) index
+    where it is met, or where `x` is NaN (as torch, a NaN counts as the extreme), by a second
+    reduction over `where(hit, index, size)`. Both frontends' argmax and argmin."""
+    if axis is None:
+        rank = x.type.rank
+        flat = cv.emit("reshape", [x], shape=(product(x.type.shape),))
+        values, at = arg_extreme(cv, flat, 0, False, largest, last)
+        if keepdim:
+            values, at = (cv.emit("reshape", [t], shape=(dim(1),) * rank) for t in (values, at))
+        return values, at
+    axis %= max(x.type.rank, 1)
+    size = x.type.shape[axis]
+    ext = cv.emit("amax" if largest else "amin", [x], dims=(axis,), keepdim=True)
+    hit = cv.emit("logical_or", [cv.emit("eq", [x, ext]), cv.emit("ne", [x, x])])
+    shape = tuple(size if k == axis else dim(1) for k in range(x.type.rank))
+    index = cv.emit("reshape", [cv.emit("arange", [], start=dim(0), end=size, step=1, dtype=DType.int64)], shape=shape)
+    past = int(size) if size.is_Integer else size
+    miss = cv.emit("full", [], shape=(), value=-1 if last else past, dtype=DType.int64)
+    at = cv.emit("amax" if last else "amin", [cv.emit("where", [hit, index, miss])], dims=(axis,), keepdim=keepdim)
+    return (ext if keepdim else cv.emit("reshape", [ext], shape=at.type.shape)), at
+
+
+def conv_transpose2d(cv, x, weight: torch.Tensor, bias, stride, padding, output_padding, dilation, groups: int):
+    """A transposed 2-D convolution as the convolution it is the gradient of: zeros inserted
+    between the input's elements (stride - 1 of them), the input padded by
+    `dilation * (kernel - 1) - padding` (`padding`: each dim's begin and end; `output_padding`
+    added at the end; a negative pad
+    crops), and a stride-1 convolution with the weight's channel axes swapped per group and
+    its window flipped (done once, on the constant). It multiplies the inserted zeros too:
+    stride^2 times the products the transposed form needs. Both frontends' ConvTranspose."""
+    cin, cout_g, kh, kw = weight.shape
+    w = weight.reshape(groups, cin // groups, cout_g, kh, kw).transpose(1, 2)
+    w = w.reshape(groups * cout_g, cin // groups, kh, kw).flip(2, 3).contiguous()
+    for k, st in ((2, stride[0]), (3, stride[1])):
+        if st == 1:
+            continue
+        s = list(x.type.shape)
+        gap = cv.emit("expand", [cv.b.scalar(0.0, x.type.dtype)], sizes=tuple(s[: k + 1] + [dim(st - 1)] + s[k + 1 :]))
+        one = cv.emit("reshape", [x], shape=tuple(s[: k + 1] + [dim(1)] + s[k + 1 :]))
+        spread = cv.emit("cat", [one, gap], dim=k + 1)
+        s[k] = s[k] * st
+        x = cv.emit("reshape", [spread], shape=tuple(s))
+        x = cv.emit("slice", [x], dim=k, start=0, end=s[k] - (st - 1), step=1)
+    sides = {}  # padding: each dim's (begin, end)
+    for k, (kern, d, (begin, end), extra) in enumerate(zip((kh, kw), dilation, padding, output_padding)):
+        sides[2 + k] = (d * (kern - 1) - begin, d * (kern - 1) - end + extra)
+    x = pad_constant(cv, x, sides, cv.b.scalar(0.0, x.type.dtype))
+    return cv.emit(
+        "conv2d", [x, cv.b.constant(f"{cv.name}_weight", w), bias], stride=(1, 1), padding=(0, 0),
+        dilation=tuple(dilation), groups=groups,
+    )  # fmt: skip
