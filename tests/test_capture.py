@@ -563,3 +563,36 @@ def test_elementwise_composites_match_eager(seeded):
             scale = float(finite.abs().max()) if finite.numel() else 1.0
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5 * scale, equal_nan=True, msg=f"{k} at {shape}")
     assert symfuse.compile_count() == before + 1
+
+
+class TopK(torch.nn.Module):
+    def forward(self, x):
+        v, i = torch.topk(x, 3, -1)
+        v2, i2 = torch.topk(x, 2, 1, largest=False)
+        return v, i, v2, i2
+
+
+def test_topk_values_and_indices(seeded):
+    """Equal to torch's without ties; with ties (whose order torch leaves open) the values are
+    torch's and each index points at its value."""
+    m = TopK()
+    c = symfuse.compile(m, (torch.randn(2, 5, 7),), {"x": {0: "B", 1: "S"}})
+    for shape in [(1, 2, 7), (3, 6, 7), (2, 13, 7)]:
+        x = torch.randn(shape)
+        assert all(torch.equal(g, w) for g, w in zip(c(x), m(x))), shape
+        x = torch.round(x * 2) / 2
+        v, i, v2, i2 = c(x)
+        want = m(x)
+        assert torch.equal(v, want[0]) and torch.equal(v2, want[2])
+        assert torch.equal(x.gather(-1, i), v) and torch.equal(x.gather(1, i2), v2)
+        assert all(len(set(row.tolist())) == len(row) for row in i.reshape(-1, 3))  # no index twice
+    with pytest.raises(symfuse.UnsupportedOpsError, match="k <= 64"):
+        symfuse.compile(lambda_module(lambda x: torch.topk(x, 65, -1).values), (torch.randn(2, 100),))
+
+
+def lambda_module(fn):
+    class Fn(torch.nn.Module):
+        def forward(self, x):
+            return fn(x)
+
+    return Fn()

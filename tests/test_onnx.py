@@ -679,3 +679,25 @@ def test_conv_transpose_with_pads_output_padding_and_output_shape():
     shapes = onnx.shape_inference.infer_shapes(m0).graph.output
     outs = [(o.name, F, [d.dim_value for d in o.type.tensor_type.shape.dim]) for o in shapes]
     check(model(nodes, [("x", F, [2, 4, 5, 6])], outs, inits), [{}], backend="cpu")
+
+
+def test_top_k_and_einsum():
+    """TopK (k rounds of two reductions; the lower index first among equal values, as ONNX
+    says) and Einsum (permutes, sums and batched products) over dynamic dims."""
+    nodes = [
+        oh.make_node("Floor", ["x"], ["t"]),  # ties
+        oh.make_node("TopK", ["t", "k3"], ["v", "i"], axis=-1),
+        oh.make_node("TopK", ["x", "k2"], ["vs", "is"], axis=1, largest=0),
+        oh.make_node("Einsum", ["x", "y"], ["bmm"], equation="bij,bkj->bik"),
+        oh.make_node("Einsum", ["x"], ["rowsum"], equation="bij->bj"),
+        oh.make_node("Einsum", ["x", "x"], ["dot"], equation="...j,...j"),
+        oh.make_node("Einsum", ["x", "w", "y"], ["chain"], equation="bij,jk,bmk->bim"),
+    ]
+    ins = [("x", F, ["N", "S", 6]), ("y", F, ["N", "T", 6])]
+    outs = [("v", F, ["N", "S", 3]), ("i", I64, ["N", "S", 3]), ("vs", F, ["N", 2, 6]), ("is", I64, ["N", 2, 6]),
+            ("bmm", F, ["N", "S", "T"]), ("rowsum", F, ["N", 6]), ("dot", F, ["N", "S"]),
+            ("chain", F, ["N", "S", "T"])]  # fmt: skip
+    inits = {"k3": np.array([3], np.int64), "k2": np.array([2], np.int64),
+             "w": np.random.default_rng(5).standard_normal((6, 6)).astype(np.float32)}  # fmt: skip
+    m = model(nodes, ins, outs, inits)
+    check(m, [dict(N=1, S=2, T=1), dict(N=2, S=7, T=5), dict(N=3, S=16, T=3)], backend="cpu")

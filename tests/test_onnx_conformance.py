@@ -15,7 +15,7 @@ import torch
 
 import symfuse
 from symfuse.errors import UnsupportedOpsError
-from symfuse.frontend.onnx_table import FOLD, ONNX_OPS
+from symfuse.frontend.onnx_table import FOLD, ONNX_OPS, to_torch
 
 onnx = pytest.importorskip("onnx")
 node_cases = pytest.importorskip("onnx.backend.test.case.node")
@@ -84,7 +84,7 @@ def _run(case) -> str:
             a = _array(x)
             if a.dtype == object:
                 return "strings are not supported by symfuse"
-            tensors.append(torch.from_numpy(np.array(a, copy=True)))
+            tensors.append(to_torch(a))
         try:
             got = compiled(*tensors)
         except ValueError as e:
@@ -94,10 +94,14 @@ def _run(case) -> str:
         assert len(got) == len(outputs)
         for g, want in zip(got, outputs):
             want = _array(want)
+            floor = 8e-3 if want.dtype.name == "bfloat16" else 1e-4  # two of bfloat16's ulps
+            if want.dtype.name == "bfloat16":
+                assert g.dtype == torch.bfloat16, (case.name, g.dtype)
+                want, g = want.astype(np.float32), g.float()
             g = g.numpy()
             assert g.shape == want.shape, (case.name, g.shape, want.shape)
             assert g.dtype == want.dtype, (case.name, g.dtype, want.dtype)
-            tol = max(case.rtol, 1e-4) if want.dtype.kind == "f" else 0
+            tol = max(case.rtol, floor) if want.dtype.kind == "f" else 0
             np.testing.assert_allclose(
                 g.astype(np.float64), want.astype(np.float64), rtol=tol, atol=max(case.atol, tol * 1e-1),
                 equal_nan=True, err_msg=case.name,

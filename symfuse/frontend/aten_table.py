@@ -696,6 +696,14 @@ def _max_dim(cv, a):
     return arg_extreme(cv, cv.tensor(a["self"]), a["dim"], a.get("keepdim", False), cv.target is aten.max.dim)
 
 
+@converts(aten.topk.default)
+def _topk(cv, a):
+    try:
+        return cs.top_k(cv, cv.tensor(a["self"]), int(a["k"]), a.get("dim", -1), a.get("largest", True))
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
+
+
 @converts(aten.argmax.default, aten.argmin.default)
 def _argmax(cv, a):
     x, largest = cv.tensor(a["self"]), cv.target is aten.argmax.default

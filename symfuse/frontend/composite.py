@@ -171,6 +171,121 @@ def arg_extreme(cv, x, axis: int | None, keepdim: bool, largest: bool, last: boo
     return (ext if keepdim else cv.emit("reshape", [ext], shape=at.type.shape)), at
 
 
+TOP_K_LIMIT = 64
+
+
+def top_k(cv, x: Value, k: int, axis: int, largest: bool) -> tuple[Value, Value]:
+    """`(values, indices)` of the k largest (smallest) elements along `axis`, in order, the
+    lower index first among equal ones: k rounds of `arg_extreme`'s two reductions, each
+    over the elements not taken yet. A NaN is taken first (torch takes it first for the
+    largest, last for the smallest). k rounds over the whole axis: for the small k of
+    classification and routing, refused above `TOP_K_LIMIT`."""
+    axis %= x.type.rank
+    size = x.type.shape[axis]
+    if k > TOP_K_LIMIT:
+        raise ValueError(f"top-k with k = {k} (symfuse takes k <= {TOP_K_LIMIT}: k rounds of two reductions)")
+    if size.is_Integer and k > int(size):
+        raise ValueError(f"top-k with k = {k} along a dim of size {size}")
+    dt = x.type.dtype
+    if dt.is_float:
+        worst = float("-inf") if largest else float("inf")
+    else:
+        worst = torch.iinfo(dt.torch).min if largest else torch.iinfo(dt.torch).max
+    fill = scalar(cv, x, worst)
+    shape = tuple(size if d == axis else dim(1) for d in range(x.type.rank))
+    index = cv.emit("reshape", [cv.emit("arange", [], start=dim(0), end=size, step=1, dtype=DType.int64)], shape=shape)
+    past = cv.emit("full", [], shape=(), value=int(size) if size.is_Integer else size, dtype=DType.int64)
+    taken, values, indices = None, [], []
+    for _ in range(k):
+        cur = x if taken is None else cv.emit("where", [taken, fill, x])
+        ext = cv.emit("amax" if largest else "amin", [cur], dims=(axis,), keepdim=True)
+        hit = cv.emit("logical_or", [cv.emit("eq", [cur, ext]), cv.emit("ne", [cur, cur])])
+        if taken is not None:
+            hit = cv.emit("logical_and", [hit, cv.emit("logical_not", [taken])])
+        at = cv.emit("amin", [cv.emit("where", [hit, index, past])], dims=(axis,), keepdim=True)
+        chosen = cv.emit("eq", [index, at])
+        taken = chosen if taken is None else cv.emit("logical_or", [taken, chosen])
+        values.append(ext)
+        indices.append(at)
+    if k == 1:
+        return values[0], indices[0]
+    return cv.emit("cat", values, dim=axis), cv.emit("cat", indices, dim=axis)
+
+
+def einsum(cv, equation: str, operands: list[Value]) -> Value:
+    """numpy's einsum as permutes, reshapes, sums and batched matrix products: the operands
+    folded left to right, each pair multiplied over the labels they share (a label still
+    needed later, or in the output, is a batch dim; one needed nowhere else is contracted),
+    a label only one operand has and nothing later needs summed out first. `...` stands for
+    the leading dims each operand has beyond its labels (broadcast as numpy does); a label
+    repeated within one operand (a diagonal) is refused."""
+    eq = equation.replace(" ", "")
+    lhs, _, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(operands):
+        raise ValueError(f"einsum '{equation}' names {len(terms)} operands, got {len(operands)}")
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq]
+    ell = max((x.type.rank - len(t.replace("...", "")) for t, x in zip(terms, operands) if "..." in t), default=0)
+    ell_labels = "".join(free[:ell])
+    labelled = []
+    for t, x in zip(terms, operands):
+        if "..." in t:
+            n = x.type.rank - len(t.replace("...", ""))
+            t = t.replace("...", ell_labels[ell - n :])
+        if len(t) != x.type.rank:
+            raise ValueError(f"einsum '{equation}': operand of rank {x.type.rank} has labels '{t}'")
+        if len(set(t)) != len(t):
+            raise ValueError(f"einsum '{equation}' takes a diagonal (a label repeated in one operand)")
+        labelled.append((t, x))
+    if "->" in eq:
+        out = rhs.replace("...", ell_labels)
+    else:  # implicit: the broadcast dims, then each label that appears once, in order
+        counts = {c: lhs.count(c) for c in lhs if c.isalpha()}
+        out = ell_labels + "".join(sorted(c for c, n in counts.items() if n == 1))
+    sizes = {}
+    for t, x in labelled:
+        for c, d in zip(t, x.type.shape):
+            if c not in sizes or sizes[c] == 1:
+                sizes[c] = d
+
+    def sum_out(t, x, keep):
+        gone = [i for i, c in enumerate(t) if c not in keep]
+        if not gone:
+            return t, x
+        return "".join(c for c in t if c in keep), cv.emit("sum", [x], dims=tuple(gone), keepdim=False, dtype=None)
+
+    def arrange(t, x, order):
+        perm = tuple(t.index(c) for c in order)
+        if perm != tuple(range(len(t))):
+            x = cv.emit("permute", [x], dims=perm)
+        full = tuple(sizes[c] for c in order)
+        if tuple(x.type.shape) != full:  # a broadcast dim of size 1
+            x = cv.emit("expand", [x], sizes=full)
+        return x
+
+    t, acc = labelled[0]
+    for j in range(1, len(labelled) + 1):
+        later = set(out) | {c for u, _ in labelled[j + 1 :] for c in u}
+        if j == len(labelled):
+            t, acc = sum_out(t, acc, set(out))
+            break
+        u, y = labelled[j]
+        t, acc = sum_out(t, acc, later | set(u))
+        u, y = sum_out(u, y, later | set(t))
+        batch = [c for c in t if c in u and c in later]
+        contract = [c for c in t if c in u and c not in later]
+        left, right = [c for c in t if c not in u], [c for c in u if c not in t]
+        a = arrange(t, acc, batch + left + contract)
+        b = arrange(u, y, batch + contract + right)
+        size = [product(sizes[c] for c in group) for group in (batch, left, contract, right)]
+        a = cv.emit("reshape", [a], shape=(size[0], size[1], size[2]))
+        b = cv.emit("reshape", [b], shape=(size[0], size[2], size[3]))
+        acc = cv.emit("matmul", [a, b])
+        t = "".join(batch + left + right)
+        acc = cv.emit("reshape", [acc], shape=tuple(sizes[c] for c in t))
+    return arrange(t, acc, list(out))
+
+
 def conv_transpose2d(cv, x, weight: torch.Tensor, bias, stride, padding, output_padding, dilation, groups: int):
     """A transposed 2-D convolution as the convolution it is the gradient of: zeros inserted
     between the input's elements (stride - 1 of them), the input padded by

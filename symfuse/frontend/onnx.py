@@ -24,14 +24,13 @@ from typing import Any
 
 import numpy as np
 import onnx
-import torch
 import torch.utils._pytree as pytree
 from onnx import numpy_helper
 
 from symfuse.errors import UnsupportedOpsError
 from symfuse.frontend.aten_table import Unsupported
 from symfuse.frontend.dynamic import DimDecl, _decl
-from symfuse.frontend.onnx_table import FOLD, ONNX_OPS, OnnxNode, np_dtype_to_symfuse, onnx_dtype
+from symfuse.frontend.onnx_table import FOLD, ONNX_OPS, OnnxNode, np_dtype_to_symfuse, onnx_dtype, to_torch
 from symfuse.frontend.torch_export import Captured
 from symfuse.ir.dims import Dim, dim
 from symfuse.ir.dtypes import DType
@@ -187,7 +186,7 @@ class OnnxConverter:
                 made = self.b.scalar(v.item(), np_dtype_to_symfuse(v.dtype), loc=self.loc)
             else:
                 name = self.initializer_names.get(id(v)) or self.name or "const"
-                made = self.b.constant(_symbol_name(name), torch.from_numpy(np.array(v, copy=True)))
+                made = self.b.constant(_symbol_name(name), to_torch(v))
             self._const[id(v)] = (v, made)
         return self._const[id(v)][1]
 

@@ -65,7 +65,16 @@ def converts(*ops: str, table: dict = ONNX_OPS):
 def np_dtype_to_symfuse(dt: np.dtype) -> DType:
     if dt == np.dtype(object):
         return DType.int64
+    if dt.name == "bfloat16":  # onnx's numpy type for it (ml_dtypes), which torch does not read
+        return DType.bfloat16
     return DType.of(torch.from_numpy(np.empty(0, dtype=dt)).dtype)
+
+
+def to_torch(a: np.ndarray) -> torch.Tensor:
+    """A copy of a known array as a tensor (a bfloat16 array through its bits)."""
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(np.array(a, copy=True).view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(np.array(a, copy=True))
 
 
 def onnx_dtype(elem_type: int) -> DType:
@@ -883,6 +892,23 @@ def _argmax(cx, n):
     )[1]  # fmt: skip
 
 
+@converts("TopK")
+def _top_k(cx, n):
+    k = int(cx.known(n.ins[1], "TopK's K").reshape(-1)[0])
+    try:
+        return cs.top_k(cx, cx.tensor(n.ins[0]), k, n.attrs.get("axis", -1), bool(n.attrs.get("largest", 1)))
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
+
+
+@converts("Einsum")
+def _einsum(cx, n):
+    try:
+        return cs.einsum(cx, n.attrs["equation"], [cx.tensor(x) for x in n.ins])
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
+
+
 @converts("Hardmax")
 def _hardmax(cx, n):
     """1 at the first largest element along `axis`, 0 elsewhere."""
@@ -1151,7 +1177,7 @@ def _conv_transpose(cx, n):
         p = [int(v) for v in n.attrs.get("pads", [0, 0, 0, 0])]
         pads = [(p[0], p[2]), (p[1], p[3])]
     bias = cx.tensor(n.input(2)) if n.input(2) is not None else None
-    weight = torch.from_numpy(np.array(w, copy=True))
+    weight = to_torch(w)
     return conv_transpose2d(cx, x, weight, bias, strides, pads, extra, dil, int(n.attrs.get("group", 1)))
 
 
