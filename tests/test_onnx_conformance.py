@@ -93,16 +93,20 @@ def _run(case) -> str:
         assert len(got) == len(outputs)
         for g, want in zip(got, outputs):
             want = _array(want)
-            floor = 8e-3 if want.dtype.name == "bfloat16" else 1e-4  # two of bfloat16's ulps
+            rtol, atol = max(case.rtol, 1e-4), case.atol
             if want.dtype.name == "bfloat16":
+                # onnx's reference rounds every op's result to bfloat16, symfuse a fused chain
+                # only at its end: two of its ulps, or four of the output's largest value
                 assert g.dtype == torch.bfloat16, (case.name, g.dtype)
                 want, g = want.astype(np.float32), g.float()
+                rtol, atol = max(case.rtol, 8e-3), max(case.atol, 1.6e-2 * float(np.abs(want).max(initial=0)))
             g = g.numpy()
             assert g.shape == want.shape, (case.name, g.shape, want.shape)
             assert g.dtype == want.dtype, (case.name, g.dtype, want.dtype)
-            tol = max(case.rtol, floor) if want.dtype.kind == "f" else 0
+            if want.dtype.kind != "f":
+                rtol, atol = 0, 0
             np.testing.assert_allclose(
-                g.astype(np.float64), want.astype(np.float64), rtol=tol, atol=max(case.atol, tol * 1e-1),
+                g.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=max(atol, rtol * 1e-1),
                 equal_nan=True, err_msg=case.name,
             )  # fmt: skip
     return "pass"
