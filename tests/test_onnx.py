@@ -376,7 +376,7 @@ def test_cpu_backend_runs_an_imported_block():
 
 def test_unsupported_ops_listed_with_counts_and_nodes_before_compiling():
     nodes = [
-        oh.make_node("Einsum", ["x", "x"], ["a"], equation="ij,ij->ij", name="e1"),
+        oh.make_node("NonZero", ["x"], ["a"], name="e1"),  # its output's shape depends on the data
         oh.make_node("Foo", ["a"], ["b"], domain="com.example", name="f1"),
         oh.make_node("Foo", ["b"], ["y"], domain="com.example", name="f2"),
     ]
@@ -387,7 +387,7 @@ def test_unsupported_ops_listed_with_counts_and_nodes_before_compiling():
     with pytest.raises(UnsupportedOpsError) as e:
         symfuse.compile(m)
     text = str(e.value)
-    assert "com.example.Foo: 2 node(s)" in text and "f1, f2" in text and "Einsum: 1 node(s)" in text
+    assert "com.example.Foo: 2 node(s)" in text and "f1, f2" in text and "NonZero: 1 node(s)" in text
     assert symfuse.compile_count() == before
 
 
