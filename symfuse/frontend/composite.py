@@ -114,6 +114,13 @@ def bitwise_xor(cv, a: Value, b: Value) -> Value:
     return cv.emit("bitwise_and", [cv.emit("bitwise_or", [a, b]), cv.emit("bitwise_not", [both])])
 
 
+def position(cv, size, axis: int, rank: int) -> Value:
+    """0 .. size-1 along `axis` of a rank-`rank` int64 tensor whose other dims are 1 (it
+    broadcasts against a tensor with that dim)."""
+    index = cv.emit("arange", [], start=dim(0), end=dim(size), step=1, dtype=DType.int64)
+    return cv.emit("reshape", [index], shape=tuple(dim(size) if k == axis else dim(1) for k in range(rank)))
+
+
 def one_hot(cv, index: Value, depth: int, axis: int = -1) -> Value:
     """Whether each position along a new `axis` of size `depth` equals the index (bool)."""
     rank = index.type.rank + 1
@@ -121,11 +128,9 @@ def one_hot(cv, index: Value, depth: int, axis: int = -1) -> Value:
     shape = list(index.type.shape)
     shape.insert(axis, dim(1))
     at = cv.emit("reshape", [index], shape=tuple(shape))
-    positions = cv.emit("arange", [], start=dim(0), end=dim(depth), step=1, dtype=DType.int64)
-    along = tuple(dim(depth) if k == axis else dim(1) for k in range(rank))
     if at.type.dtype != DType.int64:
         at = cv.emit("cast", [at], dtype=DType.int64)
-    return cv.emit("eq", [at, cv.emit("reshape", [positions], shape=along)])
+    return cv.emit("eq", [at, position(cv, depth, axis, rank)])
 
 
 def pad_constant(cv, x, sides: dict, fill):
@@ -163,8 +168,7 @@ def arg_extreme(cv, x, axis: int | None, keepdim: bool, largest: bool, last: boo
     size = x.type.shape[axis]
     ext = cv.emit("amax" if largest else "amin", [x], dims=(axis,), keepdim=True)
     hit = cv.emit("logical_or", [cv.emit("eq", [x, ext]), cv.emit("ne", [x, x])])
-    shape = tuple(size if k == axis else dim(1) for k in range(x.type.rank))
-    index = cv.emit("reshape", [cv.emit("arange", [], start=dim(0), end=size, step=1, dtype=DType.int64)], shape=shape)
+    index = position(cv, size, axis, x.type.rank)
     past = int(size) if size.is_Integer else size
     miss = cv.emit("full", [], shape=(), value=-1 if last else past, dtype=DType.int64)
     at = cv.emit("amax" if last else "amin", [cv.emit("where", [hit, index, miss])], dims=(axis,), keepdim=keepdim)
@@ -192,8 +196,7 @@ def top_k(cv, x: Value, k: int, axis: int, largest: bool) -> tuple[Value, Value]
     else:
         worst = torch.iinfo(dt.torch).min if largest else torch.iinfo(dt.torch).max
     fill = scalar(cv, x, worst)
-    shape = tuple(size if d == axis else dim(1) for d in range(x.type.rank))
-    index = cv.emit("reshape", [cv.emit("arange", [], start=dim(0), end=size, step=1, dtype=DType.int64)], shape=shape)
+    index = position(cv, size, axis, x.type.rank)
     past = cv.emit("full", [], shape=(), value=int(size) if size.is_Integer else size, dtype=DType.int64)
     taken, values, indices = None, [], []
     for _ in range(k):

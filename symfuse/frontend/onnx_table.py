@@ -678,13 +678,6 @@ def _depth_space(cx, n):
     return cx.emit("reshape", [y], shape=(N, c, H * b, W * b))
 
 
-def _position(cx, size, axis: int, rank: int) -> Value:
-    """0 .. size-1 along `axis` of a rank-`rank` tensor of ones elsewhere (broadcasts)."""
-    shape = tuple(size if k == axis else dim(1) for k in range(rank))
-    index = cx.emit("arange", [], start=dim(0), end=size, step=1, dtype=DType.int64)
-    return cx.emit("reshape", [index], shape=shape)
-
-
 _REPEATS = {("asymmetric", "floor")} | {
     (c, r) for c in ("half_pixel", "pytorch_half_pixel", "half_pixel_symmetric")
     for r in ("round_prefer_floor", "round_prefer_ceil")
@@ -741,7 +734,7 @@ def _trilu(cx, n):
     x = cx.tensor(n.ins[0])
     r = x.type.rank
     k = int(cx.ints(n.input(1), "Trilu's k")[0]) if n.input(1) is not None else 0
-    rows, cols = _position(cx, x.type.shape[-2], r - 2, r), _position(cx, x.type.shape[-1], r - 1, r)
+    rows, cols = cs.position(cx, x.type.shape[-2], r - 2, r), cs.position(cx, x.type.shape[-1], r - 1, r)
     diag = cx.emit("sub", [cols, rows])
     keep = cx.emit("ge" if n.attrs.get("upper", 1) else "le", [diag, cx.b.scalar(k, DType.int64, loc=cx.loc)])
     return cx.emit("where", [keep, x, _scalar(cx, x, 0)])
@@ -915,9 +908,7 @@ def _hardmax(cx, n):
     x = cx.tensor(n.ins[0])
     axis = n.attrs.get("axis", -1) % x.type.rank
     at = arg_extreme(cx, x, axis, True, True)[1]
-    shape = tuple(d if k == axis else dim(1) for k, d in enumerate(x.type.shape))
-    index = cx.emit("reshape", [cx.emit("arange", [], start=dim(0), end=x.type.shape[axis], step=1,
-                                        dtype=DType.int64)], shape=shape)  # fmt: skip
+    index = cs.position(cx, x.type.shape[axis], axis, x.type.rank)
     return cx.emit("cast", [cx.emit("eq", [index, at])], dtype=x.type.dtype)
 
 
