@@ -43,6 +43,15 @@ _GENERATED_LOCALS = frozenset(
     D2 NB SK q_in k_in v_in tl triton math torch pid
 """.split()
 )
+# <cmath>'s functions the kernels call unqualified (`log` for float64, `logf` for float32)
+_C_MATH = frozenset(
+    name + suffix
+    for name in """
+    exp log sqrt tanh erf erfc sin cos tan floor ceil trunc round pow fabs fmod fmax fmin acos asin atan atan2
+    acosh asinh atanh copysign isnan isinf
+""".split()
+    for suffix in ("", "f")
+)
 _GENERATED_FORMS = re.compile(r"(?:i|g|x|q|acc|qb)\d+$|(?:v|row|s|sf|SF|r\d+|k\d+|sc|pr)_|.*_buf$")
 
 
@@ -51,6 +60,7 @@ def reserved_name(name: str) -> bool:
     the generated kernels and host code declare themselves."""
     return (
         name in _CPP_WORDS
+        or name in _C_MATH
         or name in _GENERATED_LOCALS
         or keyword.iskeyword(name)
         or keyword.issoftkeyword(name)

@@ -40,6 +40,18 @@ _FLOAT_UNARY = {
     "reciprocal": torch.reciprocal,
     "silu": F.silu,
 }
+# functions of C's <math.h> that torch and C share by name (`acosf` for float32): the CPU
+# kernel calls them as they are (the Triton backend has no portable form of them and refuses)
+LIBM_UNARY = {
+    "acos": torch.acos,
+    "asin": torch.asin,
+    "atan": torch.atan,
+    "acosh": torch.acosh,
+    "asinh": torch.asinh,
+    "atanh": torch.atanh,
+    "erfc": torch.erfc,
+}
+LIBM_BINARY = {"atan2": torch.atan2, "copysign": torch.copysign}
 _SAME_UNARY = {
     "abs": torch.abs,
     "neg": torch.neg,
@@ -47,7 +59,7 @@ _SAME_UNARY = {
     "bitwise_not": torch.bitwise_not,
 }
 
-for _name, _fn in _FLOAT_UNARY.items():
+for _name, _fn in {**_FLOAT_UNARY, **LIBM_UNARY}.items():
     defop(_name, Kind.ELEMENTWISE, ("x",), shape=same_shape(), dtype=float_promoted, ref=_fn, lower=pointwise(_name))
 for _name, _fn in _SAME_UNARY.items():
     defop(_name, Kind.ELEMENTWISE, ("x",), shape=same_shape(), dtype=same_dtype(), ref=_fn, lower=pointwise(_name))
@@ -148,6 +160,18 @@ for _name, _fn in {**_ARITH, **_COMPARE}.items():
         dtype=promoted if _name in _ARITH else fixed_dtype(DType.bool),
         ref=_fn,
         bounds=_BOUNDS.get(_name),
+        lower=pointwise(_name),
+        constraints=_BROADCAST,
+    )
+
+for _name, _fn in LIBM_BINARY.items():
+    defop(
+        _name,
+        Kind.ELEMENTWISE,
+        ("a", "b"),
+        shape=broadcast_shape,
+        dtype=float_promoted,
+        ref=_fn,
         lower=pointwise(_name),
         constraints=_BROADCAST,
     )

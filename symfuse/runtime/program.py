@@ -16,6 +16,8 @@ import torch
 
 from symfuse.runtime.call import MAX_ARGS
 
+DIV_BY_ZERO = -(2**63)  # the extent that marks an integer division by zero in the error slot (c.py)
+
 
 class NativeIndexError(IndexError):
     @classmethod
@@ -104,9 +106,12 @@ class Program(HostProgram):
         self.fast_calls = caller is not None
 
         def check(sym) -> None:
-            """Raise the first out-of-range gather index this call's kernels saw."""
+            """Raise the first out-of-range gather index (or integer division by zero) this
+            call's kernels saw."""
             if sym[n_symbols + 2] >= 0:
                 index, extent, site = sym[n_symbols], sym[n_symbols + 1], sym[n_symbols + 2]
+                if extent == DIV_BY_ZERO:
+                    raise ZeroDivisionError(f"integer division by zero (of {index}): {describe(site)}")
                 raise NativeIndexError.of(index, extent, describe(site))
 
         self.workspaces = Workspaces()

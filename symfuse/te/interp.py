@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from symfuse import ops
 from symfuse.ir.dims import evaluate
+from symfuse.ops.elementwise import LIBM_BINARY, LIBM_UNARY
 from symfuse.reference import attr_evaluator
 from symfuse.te.ir import TE, Call, Const, Index, Load, Opaque, Reduce, Scalar
 from symfuse.te.lower import TEProgram
@@ -32,6 +33,8 @@ FN = {
     "pow_scalar": lambda x, exponent: torch.pow(x, exponent),
     "clamp": lambda x, min=None, max=None: torch.clamp(x, min, max),
     "from_end": lambda i, n: torch.where(i < 0, i + n, i),
+    **LIBM_UNARY,
+    **LIBM_BINARY,
 }  # fmt: skip
 REDUCE = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
 

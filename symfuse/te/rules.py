@@ -227,7 +227,7 @@ def embedding_rule(lw, node, weight, indices):
 
 def _reduced(node, dims):
     x = node.inputs[0].type
-    return sorted({d % x.rank for d in dims} if dims else set(range(x.rank)))
+    return sorted({d % x.rank for d in dims} if dims and x.rank else set(range(x.rank)))
 
 
 def reduce_rule(op: str, mean: bool = False):
@@ -236,6 +236,8 @@ def reduce_rule(op: str, mean: bool = False):
         ks = _reduced(node, dims)
         dt = node.out.type.dtype
         name = node.out.name
+        if not ks:  # a 0-d tensor reduced: each of these reductions over one element is that element
+            return lambda idx: Call("cast", (x(idx),), dt)
 
         def body(idx):
             raxes = tuple((reduce_axis(name, j), in_shape[j]) for j in ks)

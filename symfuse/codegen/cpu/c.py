@@ -98,9 +98,25 @@ static inline int64_t sf_index_from_end(int64_t i, int64_t n, int64_t site, cons
   return i >= -n && i < n ? (i < 0 ? i + n : i) : sf_index_bad(i, -n, site, err);
 }
 template <class T> static inline T sf_select(bool c, T a, T b) { return c ? a : b; }  // both sides evaluated
+// torch's maximum and minimum of floats: a NaN on either side gives NaN (std::max drops one
+// on the right); branch-free, so the loop stays a vector loop
+template <class T> static inline T sf_maximum(T a, T b) { return a != a ? a : (b > a || b != b) ? b : a; }
+template <class T> static inline T sf_minimum(T a, T b) { return a != a ? a : (b < a || b != b) ? b : a; }
 template <class T> static inline T sf_floordiv(T a, T b) {
   T q = a / b;
   return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+// a tensor's integer division, which C traps on (SIGFPE) for a zero divisor and for the
+// smallest integer over -1: a zero divisor goes to the call's error slot as (dividend,
+// SF_DIV_BY_ZERO, site) and reads as 0; over -1 the negation wraps, as in torch
+#define SF_DIV_BY_ZERO INT64_MIN
+template <class T> static inline T sf_idiv(T a, T b, int64_t site, const int64_t* err) {
+  if (b == 0) return T(sf_index_bad(int64_t(a), SF_DIV_BY_ZERO, site, err));
+  return b == -1 ? T(0 - uint64_t(a)) : T(a / b);
+}
+template <class T> static inline T sf_ifloordiv(T a, T b, int64_t site, const int64_t* err) {
+  const T q = sf_idiv<T>(a, b, site, err);
+  return (b != 0 && q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
 // exp in a form the vectoriser keeps in registers (Cephes' polynomial, about 1 ulp): k, the
 // nearest integer to x log2(e), comes from adding 1.5 * 2^23 (its low mantissa bits then hold

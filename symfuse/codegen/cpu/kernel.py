@@ -22,6 +22,7 @@ import sympy
 from symfuse.codegen.cpu.c import CTYPE, STORAGE, CodegenError, cidx, literal
 from symfuse.ir.dims import Dim, fmt_shape
 from symfuse.ir.dtypes import DType
+from symfuse.ops.elementwise import LIBM_BINARY, LIBM_UNARY
 from symfuse.schedule.layout import address
 from symfuse.schedule.steps import Buffer, NativeStep
 from symfuse.te.analysis import gather_site, has_reduce, in_row, loads, loads_through, row_scalar
@@ -81,9 +82,13 @@ class _Emitter:
     def checked(self, code: str, extent: str, python: bool, what: str) -> str:
         """`code` as an index checked against [0, extent), or with `python` [-extent, extent)
         and counted from the end when negative; an out-of-range one is reported as `what`."""
-        self.gathers.append(what)
         check = "sf_index_from_end" if python else "sf_index"
-        return f"{check}(int64_t({code}), {extent}, {len(self.gathers) - 1}, sym + {len(self.symbols)})"
+        return f"{check}(int64_t({code}), {extent}, {self.site(what)})"
+
+    def site(self, what: str) -> str:
+        """The last two arguments of a checked operation (its site, the error slot) reported as `what`."""
+        self.gathers.append(what)
+        return f"{len(self.gathers) - 1}, sym + {len(self.symbols)}"
 
     # -- scalars ------------------------------------------------------------------------
     def expr(self, s: Scalar) -> tuple[str, DType]:
@@ -196,10 +201,13 @@ class _Emitter:
         if fn in _BINARY:
             rm = params.get("rounding_mode")
             a, b = cast(args[0]), cast(args[1])
+            if fn == "div" and not dt.is_float:  # floor or trunc: checked for a zero divisor
+                checked = "sf_ifloordiv" if rm == "floor" else "sf_idiv"
+                return f"{checked}<{ct}>({a}, {b}, {self.site(f'an integer division in {self.step.name}')})"
             if fn == "div" and rm == "floor":
-                return f"floor{f}({a} / {b})" if dt.is_float else f"sf_floordiv<{ct}>({a}, {b})"
+                return f"floor{f}({a} / {b})"
             if fn == "div" and rm == "trunc":
-                return f"trunc{f}({a} / {b})" if dt.is_float else f"({a} / {b})"
+                return f"trunc{f}({a} / {b})"
             if fn == "div" and dt.is_float and args[1][0] in self.row_scalars:  # a softmax's sum, say
                 return f"({a} * ({ct}(1) / {b}))"  # one division a row, hoisted; within an ulp, as ATen does
             return f"({a} {_BINARY[fn]} {b})"
@@ -209,7 +217,7 @@ class _Emitter:
             what = gather_site(s, 0, None, s.args[1].expr, self.step.name)[2]
             return self.checked(args[0][0], args[1][0], True, what)
         if fn in ("maximum", "minimum"):
-            return f"std::{fn[:3]}<{ct}>({cast(args[0])}, {cast(args[1])})"
+            return f"{'sf_' + fn if dt.is_float else 'std::' + fn[:3]}<{ct}>({cast(args[0])}, {cast(args[1])})"
         if fn in ("bitwise_and", "bitwise_or"):
             return f"({args[0][0]} {'&' if fn == 'bitwise_and' else '|'} {args[1][0]})"
         if fn == "where":
@@ -223,6 +231,8 @@ class _Emitter:
             return f"sf_{fn}f({x})"
         if fn in _UNARY_F:
             return f"{_UNARY_F[fn]}{f}({x})"
+        if fn in LIBM_UNARY or fn in LIBM_BINARY:
+            return f"{fn}{f}({', '.join(cast(a) for a in args)})"
         if fn == "pow":
             return f"pow{f}({x}, {cast(args[1])})"
         if fn == "pow_scalar":
