@@ -2,11 +2,12 @@
 
 from symfuse.api import CompiledModule, compile, compile_count
 from symfuse.artifact import ArtifactError, load
-from symfuse.errors import UnsupportedOpsError
+from symfuse.errors import CaptureError, UnsupportedOpsError
 from symfuse.shape.store import ShapeError, Tri
 
 __all__ = [
     "ArtifactError",
+    "CaptureError",
     "CompiledModule",
     "ShapeError",
     "Tri",

@@ -17,6 +17,7 @@ from symfuse.frontend import composite as cs
 from symfuse.frontend.composite import arg_extreme, conv_transpose2d, pad_constant
 from symfuse.ir.dims import dim, exact_quotient, product, slice_bound
 from symfuse.ir.dtypes import DType
+from symfuse.ops.elementwise import LIBM_UNARY
 
 aten = torch.ops.aten
 
@@ -59,6 +60,7 @@ UNARY = {
     aten.sigmoid.default: "sigmoid", aten.erf.default: "erf", aten.sin.default: "sin", aten.cos.default: "cos",
     aten.reciprocal.default: "reciprocal", aten.relu.default: "relu", aten.silu.default: "silu",
     aten.logical_not.default: "logical_not", aten.bitwise_not.default: "bitwise_not",
+    **{getattr(aten, name).default: name for name in LIBM_UNARY},
 }  # fmt: skip
 for _t, _op in UNARY.items():
     ATEN[_t] = lambda cv, a, _op=_op: cv.emit(_op, [cv.tensor(a["self"])])
@@ -73,6 +75,7 @@ BINARY = {
     aten.ge.Scalar: "ge", aten.__and__.Tensor: "bitwise_and", aten.bitwise_and.Tensor: "bitwise_and",
     aten.__or__.Tensor: "bitwise_or", aten.bitwise_or.Tensor: "bitwise_or",
     aten.logical_and.default: "logical_and", aten.logical_or.default: "logical_or",
+    aten.atan2.default: "atan2", aten.copysign.Tensor: "copysign", aten.copysign.Scalar: "copysign",
 }  # fmt: skip
 
 
@@ -155,7 +158,8 @@ def _fmod(cv, a):
 
 
 _UNARY_COMPOSITES = {
-    aten.round.default: cs.round_half_even, aten.sign.default: cs.sign, aten.trunc.default: cs.trunc,
+    aten.round.default: cs.round_half_even, aten.sign.default: cs.sign_to_zero, aten.trunc.default: cs.trunc,
+    aten.sgn.default: cs.sign_to_zero,
     aten.floor.default: cs.floor, aten.ceil.default: cs.ceil, aten.tan.default: cs.tan,
     aten.sinh.default: lambda cv, x: cs.hyperbolic(cv, x, odd=True),
     aten.cosh.default: lambda cv, x: cs.hyperbolic(cv, x, odd=False),
@@ -164,7 +168,7 @@ _UNARY_COMPOSITES = {
     aten.exp2.default: lambda cv, x: cv.emit("exp", [cv.emit("mul", [x, cs.scalar(cv, x, 0.6931471805599453)])]),
     aten.log2.default: lambda cv, x: cv.emit("mul", [cv.emit("log", [x]), cs.scalar(cv, x, 1.4426950408889634)]),
     aten.log10.default: lambda cv, x: cv.emit("mul", [cv.emit("log", [x]), cs.scalar(cv, x, 0.4342944819032518)]),
-    aten.isinf.default: cs.isinf,
+    aten.isinf.default: cs.isinf, aten.isnan.default: cs.isnan, aten.signbit.default: cs.signbit,
     aten.isposinf.default: lambda cv, x: cs.isinf(cv, x, negative=False),
     aten.isneginf.default: lambda cv, x: cs.isinf(cv, x, positive=False),
 }  # fmt: skip
@@ -190,6 +194,22 @@ def _xor(cv, a):
     if cv.target is aten.logical_xor.default:
         return cv.emit("ne", [cs.truth(cv, x), cs.truth(cv, y)])
     return cs.bitwise_xor(cv, x, y)
+
+
+@converts(aten.fmax.default, aten.fmin.default)
+def _fmax(cv, a):
+    op = "maximum" if cv.target is aten.fmax.default else "minimum"
+    return cs.nan_ignoring_extreme(cv, cv.tensor(a["self"]), cv.tensor(a["other"]), op)
+
+
+@converts(aten.xlogy.Tensor, aten.xlogy.Scalar_Self, aten.xlogy.Scalar_Other)
+def _xlogy(cv, a):
+    return cs.xlogy(cv, cv.operand(a["self"]), cv.operand(a["other"]))
+
+
+@converts(aten.heaviside.default)
+def _heaviside(cv, a):
+    return cs.heaviside(cv, cv.tensor(a["self"]), cv.tensor(a["values"]))
 
 
 @converts(aten.hypot.default)
@@ -648,11 +668,14 @@ def _sum_mean(cv, a):
 def _vector_norm(cv, a):
     """The p-norm over `dim` as the reductions it is made of (F.normalize's norm is p=2)."""
     x, p = cv.tensor(a["self"]), float(a.get("ord", 2))
-    if p == 0 or p != p:
-        raise NotImplementedError(f"linalg_vector_norm with ord={p}: symfuse has ord != 0 (and +-inf)")
+    if p != p:
+        raise Unsupported(f"linalg_vector_norm with ord={p}")
     if a.get("dtype") is not None and DType.of(a["dtype"]) != x.type.dtype:
         x = cv.emit("cast", [x], dtype=DType.of(a["dtype"]))
     dims, keep = tuple(a.get("dim") or ()), a.get("keepdim", False)
+    if p == 0:  # the count of nonzero entries
+        nonzero = cv.emit("cast", [cv.emit("ne", [x, cs.scalar(cv, x, 0)])], dtype=x.type.dtype)
+        return cv.emit("sum", [nonzero], dims=dims, keepdim=keep, dtype=None)
     if p == 2:
         return cv.emit("sqrt", [cv.emit("sum", [cv.emit("mul", [x, x])], dims=dims, keepdim=keep, dtype=None)])
     ax = cv.emit("abs", [x])
@@ -681,8 +704,13 @@ def _var_std(cv, a):
     mean = cv.emit("mean", [x], dims=dims, keepdim=True, dtype=None)
     dev = cv.emit("sub", [x, mean])
     total = cv.emit("sum", [cv.emit("mul", [dev, dev])], dims=dims, keepdim=keep, dtype=None)
-    n = product(x.type.shape[d] for d in dims) - dim(correction)
-    out = cv.emit("div", [total, cv.emit("cast", [cv.operand(n)], dtype=x.type.dtype)], rounding_mode=None)
+    count = product(x.type.shape[d] for d in dims)
+    if float(correction).is_integer():
+        n = cv.emit("cast", [cv.operand(count - dim(int(correction)))], dtype=x.type.dtype)
+    else:  # a fractional correction (torch takes any number)
+        n = cv.emit("cast", [cv.operand(count)], dtype=x.type.dtype)
+        n = cv.emit("sub", [n, cs.scalar(cv, n, correction)])
+    out = cv.emit("div", [total, n], rounding_mode=None)
     std = cv.target in (aten.std.correction, aten.std.dim, aten.std_mean.correction, aten.std_mean.dim)
     out = cv.emit("sqrt", [out]) if std else out
     if cv.target in (aten.var.correction, aten.var.dim, aten.std.correction, aten.std.dim):
@@ -773,7 +801,28 @@ def _avg_pool2d(cv, a):
 
 @converts(aten.adaptive_avg_pool2d.default)
 def _adaptive_avg_pool2d(cv, a):
-    return cv.emit("adaptive_avg_pool2d", [cv.tensor(a["self"])], output_size=_pair(a["output_size"]))
+    x, size = cv.tensor(a["self"]), list(a["output_size"])
+    for i, n in enumerate(size):
+        if not isinstance(n, int):
+            if cv.b.store.canon(dim(cv.scalar(n))) != cv.b.store.canon(x.type.shape[-2 + i]):
+                raise Unsupported("adaptive_avg_pool2d to an output size that depends on the input (a fixed one is)")
+            size[i] = None  # the input's own size there (torch's None): the pool leaves that axis as it is
+    if None not in size:
+        return cv.emit("adaptive_avg_pool2d", [x], output_size=_pair(size))
+    if size == [None, None]:
+        return x
+    swap = tuple(range(x.type.rank - 2)) + (x.type.rank - 1, x.type.rank - 2)
+    if size[0] is None:
+        return _adaptive_pool_width(cv, x, int(size[1]))
+    return cv.emit("permute", [_adaptive_pool_width(cv, cv.emit("permute", [x], dims=swap), int(size[0]))], dims=swap)
+
+
+def _adaptive_pool_width(cv, x, n: int):
+    """Adaptive average pooling of the last axis alone to `n`: each row a channel of its own."""
+    s = x.type.shape
+    rows = cv.emit("reshape", [x], shape=s[:-3] + (s[-3] * s[-2], dim(1), s[-1]))
+    y = cv.emit("adaptive_avg_pool2d", [rows], output_size=(1, n))
+    return cv.emit("reshape", [y], shape=s[:-1] + (dim(n),))
 
 
 @converts(aten.adaptive_avg_pool1d.default)
@@ -805,7 +854,16 @@ def _batch_norm(cv, a):
 
 @converts(aten.linear.default)
 def _linear(cv, a):
-    return cv.emit("linear", [cv.tensor(a["input"]), cv.tensor(a["weight"]), cv.opt(a.get("bias"))])
+    x, w = cv.tensor(a["input"]), cv.tensor(a["weight"])
+    if x.type.rank > 1 and w.type.rank == 2:
+        return cv.emit("linear", [x, w, cv.opt(a.get("bias"))])
+    # a vector input or weight (torch's 1-D forms): as rows and columns of one
+    rows = cv.emit("reshape", [x], shape=(dim(1), x.type.shape[0])) if x.type.rank == 1 else x
+    cols = cv.emit("reshape", [w], shape=(dim(1), w.type.shape[0])) if w.type.rank == 1 else w
+    y = cv.emit("linear", [rows, cols, None])
+    shape = x.type.shape[:-1] + w.type.shape[:-1]
+    y = cv.emit("reshape", [y], shape=shape)
+    return y if a.get("bias") is None else cv.emit("add", [y, cv.tensor(a["bias"])])
 
 
 @converts(aten.addmm.default, aten.baddbmm.default)
@@ -835,11 +893,19 @@ def _matmul(cv, a):
 
 @converts(aten.conv2d.default)
 def _conv2d(cv, a):
-    return cv.emit(
-        "conv2d", [cv.tensor(a["input"]), cv.tensor(a["weight"]), cv.opt(a.get("bias"))],
+    return _conv(
+        cv, cv.tensor(a["input"]), cv.tensor(a["weight"]), cv.opt(a.get("bias")),
         stride=_pair(a.get("stride", 1)), padding=_pair(a.get("padding", 0)),
         dilation=_pair(a.get("dilation", 1)), groups=int(a.get("groups", 1)),
     )  # fmt: skip
+
+
+def _conv(cv, x, w, bias, **attrs):
+    """The conv2d op; an unbatched input (C, H, W), which torch takes too, as a batch of one."""
+    if x.type.rank != 3:
+        return cv.emit("conv2d", [x, w, bias], **attrs)
+    y = cv.emit("conv2d", [cv.emit("reshape", [x], shape=(dim(1),) + x.type.shape), w, bias], **attrs)
+    return cv.emit("reshape", [y], shape=y.type.shape[1:])
 
 
 @converts(aten.conv_transpose2d.input)
@@ -888,8 +954,8 @@ def _conv1d(cv, a):
     s = list(x.type.shape)
     x = cv.emit("reshape", [x], shape=tuple(s[:-1] + [dim(1)] + s[-1:]))
     w = cv.b.constant(f"{cv.name}_weight", w.unsqueeze(2).contiguous())
-    y = cv.emit(
-        "conv2d", [x, w, cv.opt(a.get("bias"))], stride=(1, _single(a.get("stride", 1))),
+    y = _conv(
+        cv, x, w, cv.opt(a.get("bias")), stride=(1, _single(a.get("stride", 1))),
         padding=(0, _single(padding)), dilation=(1, _single(a.get("dilation", 1))), groups=int(a.get("groups", 1)),
     )  # fmt: skip
     t = list(y.type.shape)

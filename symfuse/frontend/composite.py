@@ -44,12 +44,52 @@ def round_half_even(cv, x: Value) -> Value:
     return cv.emit("where", [cv.emit("gt", [frac, half]), cv.emit("add", [f, scalar(cv, x, 1)]), at_half])
 
 
-def sign(cv, x: Value) -> Value:
-    """1, 0 or -1 in `x`'s dtype (a NaN stays NaN, as in torch and ONNX)."""
+def sign(cv, x: Value, nan_stays: bool = True) -> Value:
+    """1, 0 or -1 in `x`'s dtype; a NaN stays NaN (ONNX, NumPy) or with `nan_stays` False
+    gives 0 (torch: `(0 < x) - (x < 0)`)."""
     zero = scalar(cv, x, 0)
     pos, neg = (cv.emit("cast", [cv.emit(op, [x, zero])], dtype=x.type.dtype) for op in ("gt", "lt"))
     s = cv.emit("sub", [pos, neg])
-    return cv.emit("where", [cv.emit("ne", [x, x]), x, s]) if x.type.dtype.is_float else s
+    return cv.emit("where", [isnan(cv, x), x, s]) if x.type.dtype.is_float and nan_stays else s
+
+
+def sign_to_zero(cv, x: Value) -> Value:
+    return sign(cv, x, nan_stays=False)
+
+
+def isnan(cv, x: Value) -> Value:
+    return cv.emit("ne", [x, x])  # (false for integers; the kernel folds it)
+
+
+def signbit(cv, x: Value) -> Value:
+    """Whether the sign bit is set (-0.0 and a negative NaN too): copysign(1, x) < 0."""
+    if not x.type.dtype.is_float:
+        return cv.emit("lt", [x, scalar(cv, x, 0)])
+    return cv.emit("lt", [cv.emit("copysign", [scalar(cv, x, 1), x]), scalar(cv, x, 0)])
+
+
+def nan_ignoring_extreme(cv, a: Value, b: Value, op: str) -> Value:
+    """fmax/fmin: the maximum (minimum) of the two, the other one where one side is NaN."""
+    m = cv.emit(op, [a, b])
+    if not m.type.dtype.is_float:
+        return m
+    return cv.emit("where", [isnan(cv, a), b, cv.emit("where", [isnan(cv, b), a, m])])
+
+
+def xlogy(cv, x: Value, y: Value) -> Value:
+    """x * log(y), 0 where x is 0 (even at y 0 or inf), NaN where y is NaN (torch's)."""
+    if not x.type.dtype.is_float and not y.type.dtype.is_float:
+        x = cv.emit("cast", [x], dtype=DType.float32)
+    p = cv.emit("mul", [x, cv.emit("log", [y])])
+    zero = scalar(cv, p, 0)
+    at_zero = cv.emit("where", [cv.emit("eq", [x, zero]), zero, p])
+    return cv.emit("where", [isnan(cv, y), cv.emit("add", [p, y]), at_zero])
+
+
+def heaviside(cv, x: Value, values: Value) -> Value:
+    """`values` where x is 0, else 1 for x > 0 and 0 below (and at NaN), in the promoted type."""
+    step = cv.emit("where", [cv.emit("gt", [x, scalar(cv, x, 0)]), scalar(cv, x, 1), scalar(cv, x, 0)])
+    return cv.emit("where", [cv.emit("eq", [x, scalar(cv, x, 0)]), values, step])
 
 
 def remainder(cv, a: Value, b: Value, c_style: bool) -> Value:

@@ -324,7 +324,8 @@ def _size(cx, n):
 _UNARY = {
     "Abs": "abs", "Neg": "neg", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Reciprocal": "reciprocal",
     "Tanh": "tanh", "Sigmoid": "sigmoid", "Erf": "erf", "Sin": "sin", "Cos": "cos", "Relu": "relu",
-    "Not": "logical_not", "BitwiseNot": "bitwise_not",
+    "Not": "logical_not", "BitwiseNot": "bitwise_not", "Acos": "acos", "Asin": "asin", "Atan": "atan",
+    "Acosh": "acosh", "Asinh": "asinh", "Atanh": "atanh",
 }  # fmt: skip
 _BINARY = {
     "Add": "add", "Sub": "sub", "Mul": "mul", "Equal": "eq", "Less": "lt", "LessOrEqual": "le", "Greater": "gt",
@@ -375,8 +376,7 @@ def _pow(cx, n):
 
 @converts("IsNaN")
 def _isnan(cx, n):
-    x = cx.tensor(n.ins[0])
-    return cx.emit("ne", [x, x])
+    return cs.isnan(cx, cx.tensor(n.ins[0]))
 
 
 @converts("Where")

@@ -27,7 +27,7 @@ import torch
 from torch.export import Dim
 from torch.export.graph_signature import InputKind, OutputKind
 
-from symfuse.errors import UnsupportedOpsError
+from symfuse.errors import CaptureError, UnsupportedOpsError
 from symfuse.frontend import lstm as _lstm  # noqa: F401  (registers symfuse::lstm)
 from symfuse.frontend.aten_table import ATEN, Unsupported
 from symfuse.frontend.dynamic import DimDecl, parse_dynamic
@@ -289,7 +289,7 @@ def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) ->
             t1 = time.perf_counter()
             try:
                 ep = torch.export.export(exported, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
-            except RuntimeError as e:
+            except Exception as e:  # noqa: BLE001 (torch's tracer raises many kinds; each is explained)
                 raise _explained(e) from e
             guards = list(getattr(ep, "_guards_code", None) or [])  # (the conditions the trace holds under)
             t2 = time.perf_counter()
@@ -330,7 +330,10 @@ def _decomposed(ep):
     unmapped stays as the model wrote it, so the error names it rather than torch's parts."""
     from torch._decomp import decomposition_table as everything  # (overloads core leaves out: upsampling's .vec)
 
-    first = ep.run_decompositions({})
+    try:
+        first = ep.run_decompositions({})
+    except Exception as e:  # noqa: BLE001
+        raise _explained(e) from e
     core = torch.export.default_decompositions()
 
     def unmapped(e) -> set:
@@ -346,7 +349,10 @@ def _decomposed(ep):
         for _ in range(6):
             if any(f is None for f in table.values()):
                 return None
-            done = first.run_decompositions(table)
+            try:
+                done = first.run_decompositions(table)
+            except Exception:  # noqa: BLE001 (a decomposition torch cannot trace here: the op is reported by name)
+                return None
             left = unmapped(done) - (missing - ops)
             if not left:
                 return table, done
@@ -448,12 +454,32 @@ def _keeps_from_one(e: ast.expr) -> bool:
     )
 
 
-def _explained(e: RuntimeError) -> Exception:
-    """torch.export's error for an output type it cannot flatten, with what to do about the
-    usual one: a transformers key/value cache object, returned when `use_cache` is on."""
+# torch's tracer errors that mean a shape or a branch depends on tensor values
+_DATA_DEPENDENT = (
+    "DataDependentOutputException", "GuardOnDataDependentSymNode", "PendingUnbackedSymbolNotFound",
+    "DynamicOutputShapeException",
+)  # fmt: skip
+
+
+def _explained(e: Exception) -> Exception:
+    """torch.export's failure in symfuse's terms: an output type it cannot flatten (with what
+    to do about the usual one: a transformers key/value cache, returned when `use_cache` is
+    on), or any other tracing error as a CaptureError that says what kind it is."""
     m = re.search(r"Found <class '([\w.]+)'> in output", str(e))
     if m is None:
-        return e
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        kind = type(e).__name__
+        if kind in _DATA_DEPENDENT:
+            why = (
+                "the model's control flow or an output's size depends on tensor values (.item(), torch.equal, "
+                "nonzero, unique, a Python `if` on a tensor); symfuse compiles programs whose sizes follow the "
+                "input sizes alone"
+            )
+        elif kind == "UnsupportedOperatorException":
+            why = "an op has no shape rule for tracing with symbolic sizes"
+        else:
+            why = "see the cause below"
+        return CaptureError(f"torch.export could not trace the model with its dims dynamic ({why}): {kind}: {first}")
     cls = m.group(1)
     hint = (
         "it is the key/value cache a transformers model returns with use_cache on: give `use_cache=False` "
@@ -568,7 +594,33 @@ def _convert_node(cv: Converter, n: torch.fx.Node) -> Any:
                 f"output {n.args[1]} of {n.args[0].target} is not computed by symfuse (indices, statistics)"
             )
         return got
-    return ATEN[n.target](cv, _bind(n))
+    args = _bind(n)
+    x = args.get("self")
+    if "dim" in args and isinstance(x, torch.fx.Node) and isinstance(cv.env.get(x), Value) and cv.env[x].type.rank == 0:
+        return _on_scalar(cv, n, args, x)
+    return ATEN[n.target](cv, args)
+
+
+def _on_scalar(cv: Converter, n: torch.fx.Node, args: dict[str, Any], x: torch.fx.Node) -> Any:
+    """An op along a dim of a 0-d tensor (torch takes dim 0 or -1 there: `x.sum(0)`,
+    `x.max(-1)`, `x.softmax(0)`): the op on the 1-element tensor, each result that torch
+    makes 0-d viewed back as 0-d."""
+    scalar = cv.env[x]
+    cv.env[x] = cv.emit("reshape", [scalar], shape=(dim(1),))
+    try:
+        out = ATEN[n.target](cv, args)
+    finally:
+        cv.env[x] = scalar
+    want = n.meta.get("val")
+
+    def back(v: Any, w: Any) -> Any:
+        if isinstance(v, Value) and isinstance(w, torch.Tensor) and w.dim() == 0 and v.type.rank == 1:
+            return cv.emit("reshape", [v], shape=())
+        return v
+
+    if isinstance(out, tuple) and isinstance(want, (tuple, list)):
+        return tuple(back(v, w) for v, w in zip(out, want))
+    return back(out, want)
 
 
 def _bind(n: torch.fx.Node) -> dict[str, Any]:

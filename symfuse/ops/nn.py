@@ -61,6 +61,12 @@ def _conv2d_shape(ctx, x, weight, bias, stride, padding, dilation, groups):
     ctx.eq(x.shape[1], weight.shape[1] * groups, "conv2d input channels equal weight channels times groups")
     if bias is not None:
         ctx.eq(bias.shape[0], weight.shape[0], "conv2d bias has one entry per output channel")
+    for i in (2, 3):
+        if not weight.shape[i].is_Integer:
+            raise ctx.error(
+                f"conv2d's kernel size must be static: weight dim {i} is {weight.shape[i]} (an input's dim that is "
+                "declared or left dynamic; fix it in `dynamic`)"
+            )
     hw = tuple(
         pool_out(ctx, x.shape[2 + i], int(weight.shape[2 + i]), stride[i], padding[i], dilation[i]) for i in range(2)
     )
