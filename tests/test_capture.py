@@ -477,14 +477,15 @@ def test_argmax_argmin_and_max_dim_indices(backend, seeded):
 class NamedLikeTheGeneratedCode(torch.nn.Module):
     """Inputs named as C++ words or as the generated kernels' own locals."""
 
-    def forward(self, x1, x2, i0, sym, row, acc1, int, default):  # noqa: A002
+    def forward(self, x1, x2, i0, sym, row, acc1, int, default, log, acos):  # noqa: A002
         s = torch.softmax(x1 * x2 + i0, -1) * row
-        return (s + sym * acc1 * int).amax(-1) + default.sum(-1)
+        math = torch.log(log.double().abs() + 1) + torch.acos(acos.double().tanh())  # float64: `log(...)` in C
+        return (s + sym * acc1 * int).amax(-1) + default.sum(-1) + math.float().sum(-1)
 
 
 def test_inputs_named_like_the_generated_code_compile_and_keep_their_names(seeded):
     m = NamedLikeTheGeneratedCode()
-    names = ["x1", "x2", "i0", "sym", "row", "acc1", "int", "default"]
+    names = ["x1", "x2", "i0", "sym", "row", "acc1", "int", "default", "log", "acos"]
     c = symfuse.compile(m, tuple(torch.randn(3, 7) for _ in names))
     for b, s in [(1, 1), (5, 11), (2, 16)]:
         xs = [torch.randn(b, s) for _ in names]
@@ -596,3 +597,123 @@ def lambda_module(fn):
             return fn(x)
 
     return Fn()
+
+
+class MathAndNaN(torch.nn.Module):
+    def forward(self, x, y):
+        u = torch.tanh(x)  # in (-1, 1): the inverse functions' domain
+        return (
+            torch.acos(u), torch.asin(u), torch.atan(x), torch.acosh(x.abs() + 1), torch.asinh(x), torch.atanh(u),
+            torch.erfc(x), torch.atan2(x, y), torch.copysign(x, y), torch.signbit(y), torch.isnan(y),
+            torch.fmax(x, y), torch.fmin(x, y), torch.xlogy(x, y.abs()), torch.xlogy(x.round(), y),
+            torch.heaviside(x.round(), y), torch.maximum(x, y), torch.minimum(x, y), torch.clamp(x, min=y),
+            torch.sign(y), torch.sgn(x), torch.linalg.vector_norm(x.round(), 0, -1),
+            torch.var(x, 1, correction=1.5), torch.std(x, (0, 2), correction=0.5),
+        )  # fmt: skip
+
+
+def test_inverse_trigonometry_and_nan_semantics_match_eager(seeded):
+    """torch's NaN rules where C's differ: maximum/minimum/clamp by a tensor propagate a NaN
+    on either side (std::max drops one on the right), fmax/fmin ignore it, sign(NaN) is 0."""
+    m = MathAndNaN()
+    before = symfuse.compile_count()
+    c = symfuse.compile(m, (torch.randn(3, 5, 6), torch.randn(3, 5, 6)))
+    for shape in [(1, 1, 1), (2, 7, 16), (4, 3, 13)]:
+        x, y = torch.randn(shape), torch.randn(shape)
+        y.view(-1)[::3] = float("nan")
+        y.view(-1)[1::5] = 0.0
+        x.view(-1)[::7] = float("nan")
+        x.view(-1)[2::4] = 0.0
+        y.view(-1)[4::9] = -0.0
+        for k, (got, want) in enumerate(zip(c(x, y), m(x, y))):
+            assert got.dtype == want.dtype and got.shape == want.shape, (k, shape)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True, msg=f"{k} at {shape}")
+    assert symfuse.compile_count() == before + 1
+
+
+class ScalarReductions(torch.nn.Module):
+    def forward(self, s):
+        return (
+            s.sum(), s.sum(0), s.mean(-1, keepdim=True), s.amax(), torch.amin(s, 0), torch.max(s, 0),
+            torch.argmax(s, 0), (s > 0).any(0), torch.count_nonzero(s), torch.logsumexp(s, 0),
+            torch.softmax(s, 0), s.var(0, correction=0), s.norm(), s.max(), torch.nn.functional.mse_loss(s, 2 * s),
+        )  # fmt: skip
+
+
+def test_reductions_of_a_0d_tensor(seeded):
+    """torch reduces a 0-d tensor over dim 0 or -1 (and over all its none dims): the element
+    itself (these crashed code generation or capture)."""
+    m = ScalarReductions()
+    c = symfuse.compile(m, (torch.tensor(0.5),))
+    for v in (1.5, -2.0, 0.0):
+        s = torch.tensor(v)
+        for k, (got, want) in enumerate(zip(torch.utils._pytree.tree_leaves(c(s)),
+                                            torch.utils._pytree.tree_leaves(m(s)))):  # fmt: skip
+            assert got.dtype == want.dtype and got.shape == want.shape, k
+            torch.testing.assert_close(got, want, equal_nan=True, msg=str(k))
+
+
+class VectorsAndUnbatched(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w, self.b = torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(4))
+        self.conv = torch.nn.Conv2d(3, 2, 3, padding=1)
+
+    def forward(self, v, img):
+        pooled = torch.nn.functional.adaptive_avg_pool2d(img, (None, 2))
+        return (
+            torch.nn.functional.linear(v, self.w, self.b), torch.nn.functional.linear(self.w, v),
+            self.conv(img), pooled, torch.nn.functional.adaptive_avg_pool2d(img, (3, None)),
+            torch.nn.functional.adaptive_avg_pool2d(img, (None, None)),
+        )  # fmt: skip
+
+
+def test_vector_linear_unbatched_conv_and_adaptive_pool_keeping_a_side(seeded):
+    """torch's 1-D linear forms, an unbatched (C, H, W) convolution, and an adaptive pool
+    that keeps one side (None) at a dynamic size."""
+    m = VectorsAndUnbatched().eval()
+    c = symfuse.compile(m, (torch.randn(3), torch.randn(3, 6, 8)), {"img": {1: "H", 2: "W"}})
+    for h, w in [(3, 4), (7, 5), (16, 16)]:
+        v, img = torch.randn(3), torch.randn(3, h, w)
+        for k, (got, want) in enumerate(zip(c(v, img), m(v, img))):
+            assert got.shape == want.shape, (k, h, w)
+            assert rel_err(got, want) < 1e-5, (k, h, w)
+
+
+def test_a_conv_weight_with_a_dynamic_kernel_is_refused_by_name():
+    conv = lambda_module(lambda x: torch.nn.functional.conv2d(x[:, :3], x[:2, :3, :3, :3]))
+    with pytest.raises(ValueError, match=r"conv2d's kernel size must be static: weight dim 2 is"):
+        symfuse.compile(conv, (torch.randn(4, 3, 8, 8),))
+
+
+def test_value_dependent_models_are_refused_with_the_reason():
+    class Branchy(torch.nn.Module):
+        def forward(self, x):
+            return x if x.sum() > 0 else -x
+
+    with pytest.raises(symfuse.CaptureError, match=r"depends on tensor values .*GuardOnDataDependentSymNode"):
+        symfuse.compile(Branchy(), (torch.randn(4),))
+
+
+class IntegerDivisions(torch.nn.Module):
+    def forward(self, a, b):
+        return (
+            torch.div(a, b, rounding_mode="floor"), torch.div(a, b, rounding_mode="trunc"), torch.remainder(a, b),
+            torch.fmod(a, b), a // 3,
+        )  # fmt: skip
+
+
+def test_integer_division_by_zero_is_an_error_not_a_crash():
+    """C traps on an integer division by zero (SIGFPE, the process dies); torch raises. The
+    kernel reports it through the call's error slot and the call raises ZeroDivisionError."""
+    m = IntegerDivisions()
+    c = symfuse.compile(m, (torch.randint(-9, 9, (4, 5)), torch.randint(1, 9, (4, 5))))
+    for shape in [(1, 1), (3, 7), (16, 33)]:
+        a, b = torch.randint(-100, 100, shape), torch.randint(-9, 9, shape)
+        b[b == 0] = 1
+        assert all(torch.equal(g, w) for g, w in zip(c(a, b), m(a, b))), shape
+    b[1, 2] = 0
+    with pytest.raises(ZeroDivisionError, match=r"integer division by zero .*: an integer division in"):
+        c(a, b)
+    b[1, 2] = -1  # the next call is fine again
+    assert all(torch.equal(g, w) for g, w in zip(c(a, b), m(a, b)))
