@@ -717,3 +717,18 @@ def test_integer_division_by_zero_is_an_error_not_a_crash():
         c(a, b)
     b[1, 2] = -1  # the next call is fine again
     assert all(torch.equal(g, w) for g, w in zip(c(a, b), m(a, b)))
+
+
+class LinearByComputedOperands(torch.nn.Module):
+    def forward(self, x, w, b):
+        return torch.nn.functional.linear(x, w.reshape(-1, x.shape[-1]), b.reshape(-1)).log_softmax(-1)
+
+
+def test_linear_whose_weight_and_bias_are_computed_from_inputs(seeded):
+    """The library GEMM adds the bias tensor whole: a bias reshaped from an input is
+    materialised first (it was read before anything wrote it: UnboundLocalError)."""
+    m = LinearByComputedOperands()
+    c = symfuse.compile(m, (torch.randn(4, 3), torch.randn(2, 3, 3), torch.randn(2, 3)))
+    for rows, groups, per in [(1, 1, 1), (8, 2, 3), (5, 3, 7)]:
+        x, w, b = torch.randn(rows, 3), torch.randn(groups, per, 3), torch.randn(groups, per)
+        assert rel_err(c(x, w, b), m(x, w, b)) < 1e-5, (rows, groups, per)

@@ -25,19 +25,34 @@ WITH_PARAMETERS = ("conv", "linear", "bilinear", "prelu", "_norm", "embedding")
 REFUSALS = (symfuse.UnsupportedOpsError, symfuse.ShapeError, symfuse.CaptureError)
 REFUSED_BY_TEXT = ("is declared dynamic", "must be static")
 MIN_RUNNING = 340  # ops whose sample runs and matches: 352 of 505 with torch 2.13
+MIN_RESIZED = 40  # samples run at another size through a program compiled from the first: 46 with torch 2.13
+
+
+MORE_SHAPES = 3  # other samples of the same form run through the program compiled from the first
 
 
 def _samples():
+    """(name, fn, leaves, spec, tensor positions, other samples' leaves): the first usable
+    sample of each op, and up to MORE_SHAPES later ones that differ from it only in their
+    tensors' sizes (same ranks, dtypes and other arguments), for the compiled program to run."""
     for op in op_db:
         name = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
         if any(w in name for w in SKIP) or torch.float32 not in op.supported_dtypes("cpu"):
             continue
+        first, others = None, []
         for s in op.sample_inputs("cpu", torch.float32, requires_grad=False):
             leaves, spec = pytree.tree_flatten((s.input, s.args, s.kwargs))
             tensors = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-            if tensors and all(leaves[i].numel() and not leaves[i].dtype.is_complex for i in tensors):
-                yield name, op.op, leaves, spec, tensors
-                break
+            if not tensors or not all(leaves[i].numel() and not leaves[i].dtype.is_complex for i in tensors):
+                continue
+            form = (str(spec), tuple((i, leaves[i].dim(), leaves[i].dtype) for i in tensors),
+                    tuple(repr(x) for i, x in enumerate(leaves) if i not in tensors))  # fmt: skip
+            if first is None:
+                first = (leaves, spec, tensors, form)
+            elif form == first[3] and len(others) < MORE_SHAPES:
+                others.append(leaves)
+        if first is not None:
+            yield name, op.op, first[0], first[1], first[2], others
 
 
 class _Sample(torch.nn.Module):
@@ -79,8 +94,12 @@ def _mismatch(got, want) -> str | None:
 
 
 def test_opinfo_samples_match_eager_or_are_refused_by_name(seeded):
-    failures, running, refused = [], [], []
-    for name, fn, leaves, spec, tensors in _samples():
+    """Each op compiled once from its first sample; that sample and the op's others of the
+    same form (other sizes) run through the one program: each matches eager, or (compiling)
+    is refused by name, or (a size the program was not compiled for, such as a broadcast
+    the first sample did not have) is refused at the call by an error naming the input."""
+    failures, running, refused, resized = [], [], [], 0
+    for name, fn, leaves, spec, tensors, others in _samples():
         m = _Sample(fn, leaves, spec, tensors)
         inputs = tuple(leaves[i].clone() for i in tensors)
         try:
@@ -95,7 +114,8 @@ def test_opinfo_samples_match_eager_or_are_refused_by_name(seeded):
         if any(w in name for w in WITH_PARAMETERS):
             dynamic = tuple({0: "B"} if i == 0 and t.dim() > 1 and t.shape[0] > 1 else {} for i, t in enumerate(inputs))
         try:
-            got = symfuse.compile(m, inputs, dynamic)(*[t.clone() for t in inputs])
+            compiled = symfuse.compile(m, inputs, dynamic)
+            got = compiled(*[t.clone() for t in inputs])
         except REFUSALS as e:
             refused.append((name, str(e).splitlines()[0]))
             continue
@@ -111,7 +131,27 @@ def test_opinfo_samples_match_eager_or_are_refused_by_name(seeded):
         bad = _mismatch(got, want)
         if bad:
             failures.append(f"{name} at {[list(t.shape) for t in inputs]}: {bad}")
-        else:
-            running.append(name)
+            continue
+        running.append(name)
+        for other in others:
+            ins = tuple(other[i].clone() for i in tensors)
+            try:
+                want = m(*[t.clone() for t in ins])
+            except Exception:  # noqa: BLE001
+                continue
+            try:
+                got = compiled(*[t.clone() for t in ins])
+            except (ValueError, IndexError) as e:
+                if "input '" not in str(e):
+                    failures.append(f"{name} at {[list(t.shape) for t in ins]}: {type(e).__name__}: {str(e)[:300]}")
+                continue
+            except Exception as e:  # noqa: BLE001
+                failures.append(f"{name} at {[list(t.shape) for t in ins]}: {type(e).__name__}: {str(e)[:300]}")
+                continue
+            bad = _mismatch(got, want)
+            if bad:
+                failures.append(f"{name} at {[list(t.shape) for t in ins]} (compiled at another size): {bad}")
+            resized += 1
     assert not failures, f"{len(failures)} OpInfo samples failed:\n" + "\n".join(failures)
+    assert resized >= MIN_RESIZED, f"only {resized} samples ran at a size other than the compiled one"
     assert len(running) >= MIN_RUNNING, f"only {len(running)} ops ran; refused: {refused}"

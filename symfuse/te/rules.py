@@ -342,6 +342,10 @@ def layer_norm_rule(lw, node, x, weight, bias, normalized_shape, eps):
 
 
 def linear_rule(lw, node, x, weight, bias):
+    """A contraction over K plus the bias; a library GEMM adds the bias tensor whole, so a
+    composed one (a model input reshaped, say) is materialised first."""
+    if bias is not None:
+        bias = lw.materialize(node.inputs[2])
     k_extent = node.inputs[1].type.shape[1]
     dt = node.out.type.dtype
     r = reduce_axis(node.out.name, 0)
