@@ -194,7 +194,8 @@ def compile(  # noqa: A001
     dynamic: `{input name: {dim: name}}` (names may be `torch.export.Dim`s with ranges;
         the same name on two dims declares them equal), or a tuple of such dicts for
         positional inputs. When omitted, every dim of every tensor input is dynamic
-        unless the model fixes it; those dims are named `<input>_<dim>`.
+        unless the model fixes it or its example size is 1 (which may be a broadcast;
+        declare such a dim to make it dynamic); those dims are named `<input>_<dim>`.
     backend: "cpu" (default on a CPU: generated native code), "triton" (default on a GPU:
         Triton kernels and cuBLAS) or "reference" (each op through torch).
     device: where the program runs and its weights live ("cpu", "cuda", "cuda:1"); by default

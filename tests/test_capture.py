@@ -732,3 +732,39 @@ def test_linear_whose_weight_and_bias_are_computed_from_inputs(seeded):
     for rows, groups, per in [(1, 1, 1), (8, 2, 3), (5, 3, 7)]:
         x, w, b = torch.randn(rows, 3), torch.randn(groups, per, 3), torch.randn(groups, per)
         assert rel_err(c(x, w, b), m(x, w, b)) < 1e-5, (rows, groups, per)
+
+
+class SelfPads(torch.nn.Module):
+    def forward(self, x, y):
+        f = torch.nn.functional
+        return (
+            f.pad(x, (1, 2, 2, 1), mode="reflect"), f.pad(x, (3, 0, 1, 2), mode="replicate"),
+            f.pad(x, (2, 1, 1, 3), mode="circular"), f.pad(y, (2, 1), mode="reflect"),
+            f.pad(y, (-1, 2), mode="replicate"), f.pad(y, (1, -1), mode="circular"),
+            torch.nn.ReflectionPad2d(1)(x), torch.nn.ReplicationPad1d((0, 3))(y),
+        )  # fmt: skip
+
+
+def test_reflect_replicate_and_circular_padding_at_dynamic_sizes(seeded):
+    m = SelfPads()
+    before = symfuse.compile_count()
+    c = symfuse.compile(m, (torch.randn(2, 3, 5, 6), torch.randn(2, 4, 7)))
+    for hw, length in [((4, 4), 4), ((9, 13), 16), ((5, 17), 5)]:
+        x, y = torch.randn(2, 3, *hw), torch.randn(1, 4, length)
+        for k, (got, want) in enumerate(zip(c(x, y), m(x, y))):
+            assert got.shape == want.shape and torch.equal(got, want), (k, hw, length)
+    assert symfuse.compile_count() == before + 1
+    with pytest.raises(ValueError, match=r"input shapes break a rule of the model: x_3 > 1"):
+        c(torch.randn(2, 3, 2, 2), torch.randn(1, 4, 7))  # reflecting by 2 needs a side of 3 (torch's rule)
+
+
+def test_an_automatic_dim_whose_example_is_one_stays_static_and_the_error_says_why(seeded):
+    m = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU())
+    c = symfuse.compile(m, (torch.randn(1, 5, 6),))
+    x = torch.randn(1, 9, 6)
+    assert rel_err(c(x), m(x)) < 1e-5
+    with pytest.raises(ValueError, match=r"dim 0 must be 1, got 3 .*stays static unless `dynamic` declares it"):
+        c(torch.randn(3, 5, 6))
+    c = symfuse.compile(m, (torch.randn(1, 5, 6),), ({0: "B", 1: "S"},))
+    x = torch.randn(3, 7, 6)
+    assert rel_err(c(x), m(x)) < 1e-5

@@ -483,14 +483,19 @@ def _slice_scatter(cv, a):
 
 @converts(aten.pad.default, aten.constant_pad_nd.default)
 def _pad(cv, a):
-    if a.get("mode", "constant") != "constant":
-        raise Unsupported(f"{a['mode']} padding (only constant padding is supported)")
+    mode = a.get("mode", "constant")
     x = cv.tensor(a["self"] if "self" in a else a["input"])
     pads = [cv.scalar(p) for p in a["pad"]]
     if len(pads) % 2 or len(pads) > 2 * x.type.rank:
         raise Unsupported(f"pad of {len(pads)} values for a rank-{x.type.rank} tensor")
-    fill = _filler(cv, 0 if a.get("value") is None else a["value"], x.type.dtype)
     sides = {x.type.rank - 1 - i // 2: (pads[i], pads[i + 1]) for i in range(0, len(pads), 2)}
+    if mode in cs.PAD_MODES:
+        if not all(isinstance(p, int) for p in pads):
+            raise Unsupported(f"{mode} padding by a size computed from the input")
+        return cs.pad_by_index(cv, x, sides, mode)
+    if mode != "constant":
+        raise Unsupported(f"{mode} padding")
+    fill = _filler(cv, 0 if a.get("value") is None else a["value"], x.type.dtype)
     return pad_constant(cv, x, sides, fill)
 
 

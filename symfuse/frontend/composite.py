@@ -192,6 +192,35 @@ def pad_constant(cv, x, sides: dict, fill):
     return x
 
 
+PAD_MODES = ("reflect", "replicate", "circular")
+
+
+def pad_by_index(cv, x, sides: dict, mode: str):
+    """`x` padded with its own elements by `sides` ({dim: (before, after)}, whole numbers):
+    "reflect" mirrors about the edge (the edge not repeated), "replicate" repeats the edge,
+    "circular" wraps around. Along each padded dim a gather of computed positions: position
+    i of the output reads element i - before, folded into [0, n). A negative pad slices.
+    Both frontends' non-constant padding (ONNX's reflect, edge and wrap)."""
+    for k, (lo, hi) in sorted(sides.items()):
+        if lo < 0:
+            x, lo = cv.emit("slice", [x], dim=k, start=-lo, end=None, step=1), 0
+        if hi < 0:
+            x, hi = cv.emit("slice", [x], dim=k, start=0, end=x.type.shape[k] + hi, step=1), 0
+        if lo == hi == 0:
+            continue
+        n = x.type.shape[k]
+        i = cv.emit("arange", [], start=dim(-lo), end=n + hi, step=1, dtype=DType.int64)
+        zero, last = cv.b.scalar(0, loc=cv.loc), cv.b.scalar(n - 1, loc=cv.loc)
+        if mode == "replicate":
+            j = cv.emit("minimum", [cv.emit("maximum", [i, zero]), last])
+        elif mode == "reflect":  # |i| folds the low side; last - |last - i| the high side
+            j = cv.emit("sub", [last, cv.emit("abs", [cv.emit("sub", [last, cv.emit("abs", [i])])])])
+        else:
+            j = remainder(cv, i, cv.b.scalar(n, loc=cv.loc), c_style=False)
+        x = cv.emit("index", [x, j], dims=(k,))
+    return x
+
+
 def arg_extreme(cv, x, axis: int | None, keepdim: bool, largest: bool, last: bool = False):
     """`(values, indices)` of the largest (or smallest) element along `axis` (None: of the
     flattened tensor): the extreme by one reduction, then the first (`last`: the last) index

@@ -625,14 +625,20 @@ def _expand(cx, n):
 
 @converts("Pad")
 def _pad(cx, n):
-    """Constant padding (pads: every axis's begin, then every axis's end)."""
-    if n.attrs.get("mode", "constant") != "constant":
-        raise Unsupported(f"Pad in {n.attrs['mode']} mode (only constant padding is supported)")
+    """Padding (pads: every axis's begin, then every axis's end) by a constant, or in
+    reflect, edge or wrap mode by the tensor's own elements."""
+    mode = n.attrs.get("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
     x = cx.tensor(n.ins[0])
     pads = cx.ints(n.ins[1], "Pad's pads")
     axes = [a % x.type.rank for a in (_axes(cx, n, 3) or range(x.type.rank))]
     if len(pads) != 2 * len(axes):
         raise Unsupported(f"Pad with {len(pads)} pads for {len(axes)} axes")
+    if mode != "constant":
+        by = {"reflect": "reflect", "edge": "replicate", "wrap": "circular"}
+        if mode not in by:
+            raise Unsupported(f"Pad in {mode} mode")
+        return cs.pad_by_index(cx, x, {k: (pads[i], pads[i + len(axes)]) for i, k in enumerate(axes)}, by[mode])
     value = n.input(2)
     value = 0 if value is None or (isinstance(value, np.ndarray) and value.size == 0) else value
     if isinstance(value, Value):

@@ -75,10 +75,13 @@ def make_guard(spec: GuardSpec) -> Callable[[list], dict[str, int]]:
         for d, want in enumerate(inp.dims):
             got = f"{x}.shape[{d}]"
             if isinstance(want, int):
+                why = (  # the usual case: compiled from a batch of one without `dynamic`
+                    "; a dim whose example is 1 stays static unless `dynamic` declares it" if want == 1 else ""
+                )
                 lines += [
                     f"    if {got} != {want}:",
                     f'        raise ValueError(f"{q} dim {d} must be {want}, '
-                    f'got {{{got}}} (shape {{tuple({x}.shape)}})")',
+                    f'got {{{got}}} (shape {{tuple({x}.shape)}}{why})")',
                 ]
             elif want not in bound:
                 bound.add(want)
