@@ -768,3 +768,21 @@ def test_an_automatic_dim_whose_example_is_one_stays_static_and_the_error_says_w
     c = symfuse.compile(m, (torch.randn(1, 5, 6),), ({0: "B", 1: "S"},))
     x = torch.randn(3, 7, 6)
     assert rel_err(c(x), m(x)) < 1e-5
+
+
+class IntegerMath(torch.nn.Module):
+    def forward(self, n):
+        return torch.sinh(n), torch.cosh(n), torch.tan(n), torch.isinf(n), torch.isnan(n), torch.isposinf(n)
+
+
+def test_float_functions_of_integers_promote_and_integers_are_never_inf(seeded):
+    m = IntegerMath()
+    c = symfuse.compile(m, (torch.randint(-3, 4, (2, 5)),))
+    for shape in [(1, 1), (3, 7), (2, 16)]:
+        n = torch.randint(-3, 4, shape)
+        for k, (got, want) in enumerate(zip(c(n), m(n))):
+            assert got.dtype == want.dtype, k
+            torch.testing.assert_close(got, want, msg=str(k))
+    conv = lambda_module(lambda x: torch.nn.functional.conv2d(x, torch.ones(2, 3, 3, 3, dtype=torch.int64)))
+    with pytest.raises(symfuse.UnsupportedOpsError, match="convolution of i64 tensors"):
+        symfuse.compile(conv, (torch.randint(0, 3, (1, 3, 8, 8)),))

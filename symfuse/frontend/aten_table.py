@@ -183,7 +183,8 @@ def _unary_composite(cv, a):
     if cv.target is aten.round.default and a.get("decimals", 0):
         raise Unsupported("round to decimals")
     if not x.type.dtype.is_float and cv.target in (aten.exp2.default, aten.log2.default, aten.log10.default,
-                                                   aten.expm1.default, aten.tan.default):  # fmt: skip
+                                                   aten.expm1.default, aten.tan.default, aten.sinh.default,
+                                                   aten.cosh.default):  # fmt: skip
         x = cv.emit("cast", [x], dtype=DType.float32)
     return _UNARY_COMPOSITES[cv.target](cv, x)
 
@@ -907,6 +908,8 @@ def _conv2d(cv, a):
 
 def _conv(cv, x, w, bias, **attrs):
     """The conv2d op; an unbatched input (C, H, W), which torch takes too, as a batch of one."""
+    if not x.type.dtype.is_float:
+        raise Unsupported(f"convolution of {x.type.dtype} tensors (the library convolves floating point)")
     if x.type.rank != 3:
         return cv.emit("conv2d", [x, w, bias], **attrs)
     y = cv.emit("conv2d", [cv.emit("reshape", [x], shape=(dim(1),) + x.type.shape), w, bias], **attrs)

@@ -133,6 +133,8 @@ def hyperbolic(cv, x: Value, odd: bool) -> Value:
 
 
 def isinf(cv, x: Value, positive: bool = True, negative: bool = True) -> Value:
+    if not x.type.dtype.is_float:
+        return isnan(cv, x)  # an integer is never infinite (nor NaN): false everywhere
     pos = cv.emit("eq", [x, scalar(cv, x, float("inf"))])
     neg = cv.emit("eq", [x, scalar(cv, x, float("-inf"))])
     if positive and negative:
