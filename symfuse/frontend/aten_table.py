@@ -908,8 +908,6 @@ def _conv2d(cv, a):
 
 def _conv(cv, x, w, bias, **attrs):
     """The conv2d op; an unbatched input (C, H, W), which torch takes too, as a batch of one."""
-    if not x.type.dtype.is_float:
-        raise Unsupported(f"convolution of {x.type.dtype} tensors (the library convolves floating point)")
     if x.type.rank != 3:
         return cv.emit("conv2d", [x, w, bias], **attrs)
     y = cv.emit("conv2d", [cv.emit("reshape", [x], shape=(dim(1),) + x.type.shape), w, bias], **attrs)

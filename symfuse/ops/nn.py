@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from symfuse.ir.dtypes import DType
 from symfuse.ops.reduction import _pool_out as pool_out
 from symfuse.ops.registry import Kind, defop, promoted, same_dtype
 from symfuse.te.rules import conv2d_rule, linear_rule, matmul_rule
@@ -58,6 +59,8 @@ defop(
 def _conv2d_shape(ctx, x, weight, bias, stride, padding, dilation, groups):
     if x.rank != 4 or weight.rank != 4:
         raise ctx.error(f"conv2d needs 4-D input and weight, got {x} and {weight}")
+    if x.dtype not in (DType.float32, DType.bfloat16, DType.float16):
+        raise ctx.error(f"conv2d of {x.dtype} tensors: the library convolution takes f32, bf16 and f16")
     ctx.eq(x.shape[1], weight.shape[1] * groups, "conv2d input channels equal weight channels times groups")
     if bias is not None:
         ctx.eq(bias.shape[0], weight.shape[0], "conv2d bias has one entry per output channel")
