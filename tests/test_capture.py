@@ -740,7 +740,7 @@ class SelfPads(torch.nn.Module):
         return (
             f.pad(x, (1, 2, 2, 1), mode="reflect"), f.pad(x, (3, 0, 1, 2), mode="replicate"),
             f.pad(x, (2, 1, 1, 3), mode="circular"), f.pad(y, (2, 1), mode="reflect"),
-            f.pad(y, (-1, 2), mode="replicate"), f.pad(y, (1, -1), mode="circular"),
+            f.pad(y, (1, 2), mode="replicate"), f.pad(y, (1, 0), mode="circular"),
             torch.nn.ReflectionPad2d(1)(x), torch.nn.ReplicationPad1d((0, 3))(y),
         )  # fmt: skip
 
