@@ -740,8 +740,11 @@ class SelfPads(torch.nn.Module):
         return (
             f.pad(x, (1, 2, 2, 1), mode="reflect"), f.pad(x, (3, 0, 1, 2), mode="replicate"),
             f.pad(x, (2, 1, 1, 3), mode="circular"), f.pad(y, (2, 1), mode="reflect"),
-            f.pad(y, (1, 2), mode="replicate"), f.pad(y, (1, 0), mode="circular"),
+            f.pad(y, (-1, 2), mode="replicate"), f.pad(y, (1, -1), mode="circular"),
             torch.nn.ReflectionPad2d(1)(x), torch.nn.ReplicationPad1d((0, 3))(y),
+            # a crop and a pad on the same side: torch's reflect and replicate read the whole
+            # side (at length 4, replicate gives y[3] twice, reflect y[2], y[3], y[2], y[1])
+            f.pad(y, (-4, 2), mode="replicate"), f.pad(y, (-2, 2), mode="reflect"),
         )  # fmt: skip
 
 

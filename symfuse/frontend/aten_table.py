@@ -491,9 +491,9 @@ def _pad(cv, a):
         raise Unsupported(f"pad of {len(pads)} values for a rank-{x.type.rank} tensor")
     sides = {x.type.rank - 1 - i // 2: (pads[i], pads[i + 1]) for i in range(0, len(pads), 2)}
     if mode in cs.PAD_MODES:
-        if not all(isinstance(p, int) and p >= 0 for p in pads):
-            raise Unsupported(f"{mode} padding by a negative amount or a size computed from the input")
-        return cs.pad_by_index(cv, x, sides, mode)
+        if not all(isinstance(p, int) for p in pads):
+            raise Unsupported(f"{mode} padding by a size computed from the input")
+        return cs.pad_by_index(cv, x, sides, mode, crop_first=mode == "circular")
     if mode != "constant":
         raise Unsupported(f"{mode} padding")
     fill = _filler(cv, 0 if a.get("value") is None else a["value"], x.type.dtype)

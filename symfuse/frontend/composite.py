@@ -197,16 +197,18 @@ def pad_constant(cv, x, sides: dict, fill):
 PAD_MODES = ("reflect", "replicate", "circular")
 
 
-def pad_by_index(cv, x, sides: dict, mode: str):
+def pad_by_index(cv, x, sides: dict, mode: str, crop_first: bool):
     """`x` padded with its own elements by `sides` ({dim: (before, after)}, whole numbers):
     "reflect" mirrors about the edge (the edge not repeated), "replicate" repeats the edge,
-    "circular" wraps around. Along each padded dim a gather of computed positions: position
-    i of the output reads element i - before, folded into [0, n). A negative pad slices.
-    Both frontends' non-constant padding (ONNX's reflect, edge and wrap)."""
+    "circular" wraps around. Along each padded dim a gather of computed positions: output
+    position o reads element o - before folded into [0, n). A negative pad crops; where
+    `crop_first`, the fold is into the cropped side (ONNX's reflect, edge and wrap, and
+    torch's circular), otherwise into the whole side (torch's reflect and replicate read
+    past a crop: replicate cropping 4 and padding 1 of a side of 4 repeats its last element)."""
     for k, (lo, hi) in sorted(sides.items()):
-        if lo < 0:
+        if crop_first and lo < 0:
             x, lo = cv.emit("slice", [x], dim=k, start=-lo, end=None, step=1), 0
-        if hi < 0:
+        if crop_first and hi < 0:
             x, hi = cv.emit("slice", [x], dim=k, start=0, end=x.type.shape[k] + hi, step=1), 0
         if lo == hi == 0:
             continue

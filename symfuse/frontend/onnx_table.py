@@ -638,7 +638,8 @@ def _pad(cx, n):
         by = {"reflect": "reflect", "edge": "replicate", "wrap": "circular"}
         if mode not in by:
             raise Unsupported(f"Pad in {mode} mode")
-        return cs.pad_by_index(cx, x, {k: (pads[i], pads[i + len(axes)]) for i, k in enumerate(axes)}, by[mode])
+        sides = {k: (pads[i], pads[i + len(axes)]) for i, k in enumerate(axes)}
+        return cs.pad_by_index(cx, x, sides, by[mode], crop_first=True)  # ONNX crops, then pads
     value = n.input(2)
     value = 0 if value is None or (isinstance(value, np.ndarray) and value.size == 0) else value
     if isinstance(value, Value):
