@@ -185,11 +185,13 @@ static inline void sf_activate(float* __restrict__ row, int64_t n, int64_t act) 
   }
 }
 
-// the panels [p0, p1) and blocks of rows [b0, b1) one thread of a team takes: the panels split
-// between the threads, or with rows_first a grid of row groups (as many as threads, or blocks
-// of rows) times panel groups; threads past the grid take nothing
+// the panels [p0, p1) and rows [m0, m1) one thread of a team takes: the panels split between
+// the threads, or with rows_first a grid of row groups (as many as threads, or blocks of rows)
+// times panel groups; threads past the grid take nothing. The row groups split the rows evenly
+// in units of `unit` rows (a thread's last tile may be partial): split by whole tiles, 16 rows
+// in tiles of 6 would give one thread 6 rows and the other 10
 struct sf_grid {
-  int64_t p0, p1, b0, b1;
+  int64_t p0, p1, m0, m1;
   static void shape(int64_t threads, int64_t panels, int64_t blocks, bool rows_first, int64_t& tr, int64_t& tp) {
     tr = rows_first ? std::min(threads, blocks) : 1;
     tp = std::min(panels, std::max<int64_t>(1, threads / tr));
@@ -199,12 +201,14 @@ struct sf_grid {
     shape(omp_get_max_threads(), panels, blocks, rows_first, tr, tp);
     return tr * tp;
   }
-  static sf_grid mine(int64_t panels, int64_t blocks, bool rows_first) {  // in the team there is
-    int64_t tr, tp;  // (OpenMP may give fewer threads than asked)
+  // blocks: tiles of rows (how many row groups there can be); unit: the rows a split keeps whole
+  static sf_grid mine(int64_t panels, int64_t blocks, int64_t M, int64_t unit, bool rows_first) {
+    int64_t tr, tp;  // in the team there is (OpenMP may give fewer threads than asked)
     shape(omp_get_num_threads(), panels, blocks, rows_first, tr, tp);
-    const int64_t id = omp_get_thread_num(), pi = id % tp, ri = id / tp;
+    const int64_t id = omp_get_thread_num(), pi = id % tp, ri = id / tp, units = (M + unit - 1) / unit;
     if (ri >= tr) return {0, 0, 0, 0};
-    return {panels * pi / tp, panels * (pi + 1) / tp, blocks * ri / tr, blocks * (ri + 1) / tr};
+    return {panels * pi / tp, panels * (pi + 1) / tp, std::min(M, unit * (units * ri / tr)),
+            std::min(M, unit * (units * (ri + 1) / tr))};
   }
 };
 
@@ -221,13 +225,13 @@ static void sf_rows_gemm(const float* A, int64_t lda, const float* Wp, const flo
   const int64_t team = sf_grid::threads(panels, blocks, rows_first);
 #pragma omp parallel num_threads(team) if (team > 1)
   {
-    const sf_grid g = sf_grid::mine(panels, blocks, rows_first);
+    const sf_grid g = sf_grid::mine(panels, blocks, M, 1, rows_first);
     // in chunks while the thread's block of C in the panel (added to once a chunk) is at most two
     // chunks' size
-    const int64_t kc = (g.b1 - g.b0) * SF_MR <= 2 * SF_KC ? std::min<int64_t>(K, SF_KC) : K;
+    const int64_t kc = g.m1 - g.m0 <= 2 * SF_KC ? std::min<int64_t>(K, SF_KC) : K;
     const int64_t lines = kc * SF_PANEL / 16;  // 64-byte lines in one chunk
-    // lines of the next chunk a block of rows prefetches
-    const int64_t mine = std::max<int64_t>(1, g.b1 - g.b0), share = (lines + mine - 1) / mine;
+    // lines of the next chunk a tile of rows prefetches
+    const int64_t mine = std::max<int64_t>(1, (g.m1 - g.m0 + SF_MR - 1) / SF_MR), share = (lines + mine - 1) / mine;
     for (int64_t p = g.p0; p < g.p1; ++p) {
       const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
       for (int64_t k0 = 0; k0 < K; k0 += kc) {
@@ -235,13 +239,13 @@ static void sf_rows_gemm(const float* A, int64_t lda, const float* Wp, const flo
         const float* w = Wp + (p * K + k0) * SF_PANEL;
         const bool more = mine > 1 && mine <= SF_PF_BLOCKS && (k0 + kk < K || p + 1 < g.p1);
         const sf_tile_fn* tiles = more ? sf_tiles_pf : sf_tiles;
-        for (int64_t rb = g.b0; rb < g.b1; ++rb) {
-          const int64_t m0 = rb * SF_MR, first = (rb - g.b0) * share;
+        for (int64_t m0 = g.m0; m0 < g.m1; m0 += SF_MR) {
+          const int64_t mr = std::min<int64_t>(SF_MR, g.m1 - m0), first = (m0 - g.m0) / SF_MR * share;
           const int64_t pf = more ? std::max<int64_t>(0, std::min(share, lines - first)) : 0;
-          tiles[std::min<int64_t>(SF_MR, M - m0) - 1](A + m0 * lda + k0, lda, w, C + m0 * ldc, ldc, bias, k0 > 0, n0,
-                                                      nn, kk, w + kk * SF_PANEL + first * 16, pf);
+          tiles[mr - 1](A + m0 * lda + k0, lda, w, C + m0 * ldc, ldc, bias, k0 > 0, n0, nn, kk,
+                        w + kk * SF_PANEL + first * 16, pf);
           if (act && k0 + kk == K)  // the epilogue, on the tile while it is in cache
-            for (int64_t m = m0; m < std::min(M, m0 + SF_MR); ++m) sf_activate(C + m * ldc + n0, nn, act);
+            for (int64_t m = m0; m < m0 + mr; ++m) sf_activate(C + m * ldc + n0, nn, act);
         }
       }
     }
@@ -449,10 +453,10 @@ __attribute__((target("amx-tile,amx-bf16"))) static void sf_linear_rows_amx(
     static const sf_tile_config config;
     _tile_loadconfig(&config);
     alignas(64) float out[16][SF_PANEL];
-    const sf_grid g = sf_grid::mine(panels, blocks, rows_first);
+    const sf_grid g = sf_grid::mine(panels, blocks, M, 16, rows_first);  // whole blocks of 16 rows
     for (int64_t p = g.p0; p < g.p1; ++p) {
       const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
-      for (int64_t rb = g.b0; rb < g.b1; ++rb) {
+      for (int64_t rb = g.m0 / 16; rb < (g.m1 + 15) / 16; ++rb) {
         const bool own = rb >= first_copied;
         const sf_bf16* a = own ? padded.get() + (rb - first_copied) * 16 * kp : A + rb * 16 * lda;
         sf_amx_block(a, own ? kp : lda, Wp + p * step, K, out);
@@ -477,14 +481,14 @@ static void sf_rows_gemm_bf16(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, 
   const int64_t team = sf_grid::threads(panels, blocks, rows_first);
 #pragma omp parallel num_threads(team) if (team > 1)
   {
-    const sf_grid g = sf_grid::mine(panels, blocks, rows_first);
-    const int64_t mine = std::max<int64_t>(1, g.b1 - g.b0), share = (lines + mine - 1) / mine;
+    const sf_grid g = sf_grid::mine(panels, blocks, M, 1, rows_first);
+    const int64_t mine = std::max<int64_t>(1, (g.m1 - g.m0 + SF_MR - 1) / SF_MR), share = (lines + mine - 1) / mine;
 #if SF_BF16_MULTIPLY == 1
     // the thread's rows of A widened to float32 by the thread (cheap next to the products;
     // shared, its rows would cross between cores), K padded to even with a zero
     const int64_t lda_a = K + K % 2;
     std::unique_ptr<float[]> wide(new float[M * lda_a]);
-    for (int64_t m = g.b0 * SF_MR; m < std::min(M, g.b1 * SF_MR); ++m) {
+    for (int64_t m = g.m0; m < g.m1; ++m) {
       float* __restrict__ row = wide.get() + m * lda_a;
 #pragma omp simd
       for (int64_t k = 0; k < K; ++k) row[k] = sf_from_bf16(A[m * lda + k]);
@@ -498,11 +502,11 @@ static void sf_rows_gemm_bf16(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, 
     for (int64_t p = g.p0; p < g.p1; ++p) {
       const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
       const sf_bf16* w = Wp + p * step;
-      for (int64_t rb = g.b0; rb < g.b1; ++rb) {
-        const int64_t m0 = rb * SF_MR, first = (rb - g.b0) * share;
+      for (int64_t m0 = g.m0; m0 < g.m1; m0 += SF_MR) {
+        const int64_t first = (m0 - g.m0) / SF_MR * share;
         const int64_t pf = mine > 1 && p + 1 < g.p1 ? std::max<int64_t>(0, std::min(share, lines - first)) : 0;
-        sf_tiles_bf16[std::min<int64_t>(SF_MR, M - m0) - 1](a_in + m0 * lda_a, lda_a, w, C + m0 * ldc, ldc, bias, n0,
-                                                            nn, K, act, w + step + first * 32, pf);
+        sf_tiles_bf16[std::min<int64_t>(SF_MR, g.m1 - m0) - 1](a_in + m0 * lda_a, lda_a, w, C + m0 * ldc, ldc, bias,
+                                                               n0, nn, K, act, w + step + first * 32, pf);
       }
     }
   }
