@@ -131,6 +131,31 @@ def test_integer_arithmetic_compares_and_powers():
     _run(IntsAndCompares(), make, _dyn("x", "ids"))
 
 
+class IntegerDivisions(torch.nn.Module):
+    def forward(self, a, b):
+        return (
+            torch.div(a, b, rounding_mode="floor"), torch.div(a, b, rounding_mode="trunc"), torch.remainder(a, b),
+            torch.fmod(a, b), torch.div(a, -3, rounding_mode="floor"),
+        )  # fmt: skip
+
+
+def test_integer_division_by_either_sign_and_by_zero():
+    """Floor division rounds down for negative divisors too (Triton's `//` truncates); a zero
+    divisor is an error naming the kernel, as on the CPU (a GPU does not trap)."""
+    m = IntegerDivisions()
+    c = symfuse.compile(m, (torch.randint(-9, 9, (4, 5)), torch.randint(1, 9, (4, 5))), backend="triton")
+    for shape in [(1, 1), (3, 7), (16, 33)]:
+        a, b = torch.randint(-100, 100, shape), torch.randint(-9, 9, shape)
+        b[b == 0] = -1
+        for k, (got, want) in enumerate(zip(c(a, b), m(a, b))):
+            assert torch.equal(got, want), (shape, k)
+    b[1, 2] = 0
+    with pytest.raises(ZeroDivisionError, match=r"integer division by zero \(of -?\d+\): an integer division in"):
+        c(a, b)
+    b[1, 2] = 5  # the next call is fine again
+    assert all(torch.equal(g, w) for g, w in zip(c(a, b), m(a, b)))
+
+
 class Indexing(torch.nn.Module):  # advanced indexing: Python's negative indices, broadcast index tensors
     def forward(self, x, rows):
         return x[rows[:, :1], rows], x[:, rows[0]], torch.arange(x.shape[1])[rows] + 1

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from symfuse.runtime.program import HostProgram, NativeIndexError, Workspaces, _view
+from symfuse.runtime.program import HostProgram, Workspaces, _view, slot_error
 
 ELEMENTS_PER_PROGRAM = 1024
 
@@ -98,7 +98,7 @@ class GpuProgram(HostProgram):
                 return  # checked after each replay
             index, extent, site = err.tolist()
             if site >= 0:
-                raise NativeIndexError.of(index, extent, describe(site))
+                raise slot_error(index, extent, describe(site))
 
         def now() -> float:
             if device.type == "cuda":

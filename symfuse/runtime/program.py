@@ -20,12 +20,17 @@ DIV_BY_ZERO = -(2**63)  # the extent that marks an integer division by zero in t
 
 
 class NativeIndexError(IndexError):
-    @classmethod
-    def of(cls, index: int, extent: int, what: str) -> NativeIndexError:
-        """The error for a call's error slot: a negative extent stands for an index that may
-        count from the end (valid in [extent, -extent))."""
-        valid = f"[{extent}, {-extent})" if extent < 0 else f"[0, {extent})"
-        return cls(f"index {index} is out of range {valid}: {what}")
+    """An out-of-range gather index a kernel reported."""
+
+
+def slot_error(index: int, extent: int, what: str) -> Exception:
+    """The error for what a kernel reported in its call's error slot: a negative extent stands
+    for an index that may count from the end (valid in [extent, -extent)), `DIV_BY_ZERO` for an
+    integer division by zero (of `index`)."""
+    if extent == DIV_BY_ZERO:
+        return ZeroDivisionError(f"integer division by zero (of {index}): {what}")
+    valid = f"[{extent}, {-extent})" if extent < 0 else f"[0, {extent})"
+    return NativeIndexError(f"index {index} is out of range {valid}: {what}")
 
 
 class HostProgram:
@@ -110,9 +115,7 @@ class Program(HostProgram):
             call's kernels saw."""
             if sym[n_symbols + 2] >= 0:
                 index, extent, site = sym[n_symbols], sym[n_symbols + 1], sym[n_symbols + 2]
-                if extent == DIV_BY_ZERO:
-                    raise ZeroDivisionError(f"integer division by zero (of {index}): {describe(site)}")
-                raise NativeIndexError.of(index, extent, describe(site))
+                raise slot_error(index, extent, describe(site))
 
         self.workspaces = Workspaces()
         self.outputs = OutputStorages()

@@ -277,6 +277,32 @@ class _Emitter:
         self.line(f"{v} = tl.where({bad}, 0, {v})")
         return v
 
+    def integer_division(self, a: str, b: str, floor: bool, divisor: Scalar, ctx: _Ctx) -> str:
+        """`a / b` of integers, truncated (Triton's `//`, as C's) or with `floor` rounded down,
+        for divisors of either sign. A zero divisor reads as 0 and is reported in the call's
+        error slot (a, DIV_BY_ZERO, site), as the CPU kernels report it (a GPU does not trap);
+        a nonzero constant divisor needs no check."""
+        literal = isinstance(divisor, Const) or re.fullmatch(r"\(?-?\d+\)?", b.strip())
+        if literal and int(divisor.value if isinstance(divisor, Const) else b.strip("() ")) != 0:
+            q = f"({a} // {b})"
+        else:
+            self.gathers.append(f"an integer division in {self.step.name}")
+            site = len(self.gathers) - 1
+            self.used_err = True
+            by0, bad, zero, d, q = (self.var(v) for v in ("by0", "bad", "z", "d", "q"))
+            self.line(f"{by0} = (0 * {a} + {b}) == 0")  # a and b broadcast together
+            self.line(f"{bad} = {by0} & ({ctx.mask})")  # lanes past the mask read 0: not reported
+            self.line(f"{zero} = 0 * {bad}.to(tl.int64)")
+            for slot, reported in enumerate((f"({a}).to(tl.int64)", "(-9223372036854775807 - 1)", str(site))):
+                self.line(f"tl.store(sf_err + {slot} + {zero}, {reported} + {zero}, mask={bad})")
+            self.line(f"{d} = tl.where({by0}, 1, {b})")
+            self.line(f"{q} = tl.where({by0}, 0, {a} // {d})")
+            b = d
+        if not floor:
+            return q
+        # truncation rounds toward zero: a negative inexact quotient is one more than its floor
+        return f"tl.where(({q} * {b} != {a}) & (({a} < 0) != ({b} < 0)), {q} - 1, {q})"
+
     def reduce(self, r: Reduce, ctx: _Ctx) -> str:
         """A reduction: in a row's context its last axis runs along the tile's columns in
         chunks; inside an element (or nested) every axis is a loop of scalars."""
@@ -352,10 +378,12 @@ class _Emitter:
         if fn == "div":
             a, b = cast(args[0]), cast(args[1])
             rm = params.get("rounding_mode")
+            if not dt.is_float:
+                return self.integer_division(a, b, rm == "floor", s.args[1], ctx)
             if rm == "floor":
-                return f"tl.floor({a} / {b})" if dt.is_float else f"sf_floordiv({a}, {b})"
+                return f"tl.floor({a} / {b})"
             if rm == "trunc":
-                return f"({a} / {b}).to(tl.int64).to({TL[wide]})" if dt.is_float else f"({a} // {b})"
+                return f"({a} / {b}).to(tl.int64).to({TL[wide]})"
             return f"({a} / {b})"
         if fn in _COMPARE:
             a, b = args
