@@ -695,6 +695,36 @@ def test_value_dependent_models_are_refused_with_the_reason():
         symfuse.compile(Branchy(), (torch.randn(4),))
 
 
+class FloatDivisions(torch.nn.Module):
+    def forward(self, a, b):
+        return torch.fmod(a, b), torch.remainder(a, b), a // b, torch.div(a, b, rounding_mode="trunc"), a % 0.1
+
+
+def float_division_operands(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dividends with large quotients, divisors that are not exact in binary (0.1, 0.37), both
+    signs, zeros, infinities and NaN."""
+    a = torch.cat([torch.tensor([1000.3, 1.0, -1.0, 12345.678, 1e6 + 0.3, -7.5, 0.0, float("inf"), float("nan")]),
+                   torch.randn(n, generator=gen) * 1e4])  # fmt: skip
+    b = torch.cat([torch.tensor([0.1, 0.1, 0.1, 0.37, -0.7, 2.0, 0.3, 3.0, 1.0]),
+                   torch.randn(n, generator=gen).clamp(-3, 3)])  # fmt: skip
+    b[-1] = 0.0
+    return a, b
+
+
+def test_float_remainders_and_floor_division_are_exact_as_in_torch(seeded):
+    """fmod and remainder of floats from the exact remainder (a - b * trunc(a / b) lost it:
+    fmod(1000.3, 0.1) gave -2.7e-5), and floor division as torch's (1.0 // 0.1 is 9, not
+    floor(1.0 / 0.1) = 10): equal to eager, NaN where eager has NaN."""
+    m = FloatDivisions()
+    gen = torch.Generator().manual_seed(0)
+    c = symfuse.compile(m, float_division_operands(7, gen))
+    for n in (1, 13, 64):
+        a, b = float_division_operands(n, gen)
+        for k, (got, want) in enumerate(zip(c(a, b), m(a, b))):
+            assert torch.equal(got.isnan(), want.isnan()), (n, k)
+            assert torch.equal(got[~got.isnan()], want[~want.isnan()]), (n, k)
+
+
 class IntegerDivisions(torch.nn.Module):
     def forward(self, a, b):
         return (

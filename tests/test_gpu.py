@@ -156,6 +156,28 @@ def test_integer_division_by_either_sign_and_by_zero():
     assert all(torch.equal(g, w) for g, w in zip(c(a, b), m(a, b)))
 
 
+class SpecialValues(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.trunc(x), torch.frac(x), x**-1.5, x**3, torch.fmod(x, y), torch.remainder(x, y), x // y
+
+
+def test_float_rounding_and_remainders_at_large_and_special_values():
+    """trunc of floats past int64's range (it went through int64: -9.2e18), inf and NaN;
+    fmod by 0 (NaN); -inf to a fractional power (as C's pow); torch's floor division."""
+    from tests.test_capture import float_division_operands
+
+    m = SpecialValues()
+    gen = torch.Generator().manual_seed(0)
+    x, y = float_division_operands(7, gen)
+    c = symfuse.compile(m, (x * 1e26, y), backend="triton")
+    for n in (1, 13):
+        x, y = float_division_operands(n, gen)
+        x = torch.cat([x, torch.tensor([1e30, -1e30, float("-inf"), -0.5, 2.5, 8388609.5])])
+        y = torch.cat([y, torch.tensor([0.0, 7.0, 2.0, -0.0, 0.0, 3.0])])
+        for k, (got, want) in enumerate(zip(c(x, y), m(x, y))):  # pow by exp and log: within 1e-5
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=0, equal_nan=True, msg=f"output {k} at {n}")
+
+
 class Indexing(torch.nn.Module):  # advanced indexing: Python's negative indices, broadcast index tensors
     def forward(self, x, rows):
         return x[rows[:, :1], rows], x[:, rows[0]], torch.arange(x.shape[1])[rows] + 1

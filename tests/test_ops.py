@@ -62,6 +62,7 @@ CASES = {
     "clamp": ([X], {"min": -0.5, "max": None}),
     "cast": ([X], {"dtype": DType.float16}),
     **{op: ([X, T("1,S,1")], {}) for op in ["add", "sub", "mul", "maximum", "minimum", "pow", "atan2", "copysign"]},
+    "fmod": ([X, T("1,S,1")], {}),
     **{op: ([X, T("S,8")], {}) for op in ["eq", "ne", "lt", "le", "gt", "ge"]},
     **{op: ([T("B,S", BOOL), T("1,S", BOOL)], {}) for op in ["bitwise_and", "bitwise_or", "logical_and", "logical_or"]},
     "div": ([T("B,S", I64, 9), T("", I64, 3)], {"rounding_mode": None}),

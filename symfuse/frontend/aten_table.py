@@ -104,7 +104,8 @@ def _rsub(cv, a):
 
 @converts(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
 def _div(cv, a):
-    return cv.emit("div", [cv.operand(a["self"]), cv.operand(a["other"])], rounding_mode=a.get("rounding_mode"))
+    x, y, mode = cv.operand(a["self"]), cv.operand(a["other"]), a.get("rounding_mode")
+    return cs.floor_divide(cv, x, y) if mode == "floor" else cv.emit("div", [x, y], rounding_mode=mode)
 
 
 @converts(aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar)

@@ -93,11 +93,16 @@ def heaviside(cv, x: Value, values: Value) -> Value:
 
 
 def remainder(cv, a: Value, b: Value, c_style: bool) -> Value:
-    """`c_style`: C's fmod, with the dividend's sign (`a - b * trunc(a / b)`, and `a` itself
-    where the quotient truncates to 0, so an infinite divisor leaves `a`); else Python's %,
-    with the divisor's sign (the remainder moved by `b` where the signs differ)."""
-    q = cv.emit("div", [a, b], rounding_mode="trunc")
-    r = cv.emit("where", [cv.emit("eq", [q, scalar(cv, q, 0)]), a, cv.emit("sub", [a, cv.emit("mul", [b, q])])])
+    """`c_style`: C's fmod, with the dividend's sign; else Python's %, with the divisor's sign
+    (the remainder moved by `b` where the signs differ), as torch computes both. Floats by
+    `fmod` itself, which is exact (`a - b * trunc(a / b)` loses the remainder to rounding once
+    the quotient is large: fmod(1000.3, 0.1) came out -2.7e-5, not 0.09997); integers by
+    truncating division (`a` itself where the quotient is 0)."""
+    if a.type.dtype.is_float or b.type.dtype.is_float:
+        r = cv.emit("fmod", [a, b])
+    else:
+        q = cv.emit("div", [a, b], rounding_mode="trunc")
+        r = cv.emit("where", [cv.emit("eq", [q, scalar(cv, q, 0)]), a, cv.emit("sub", [a, cv.emit("mul", [b, q])])])
     if c_style:
         return r
     zero = scalar(cv, r, 0)
@@ -105,6 +110,28 @@ def remainder(cv, a: Value, b: Value, c_style: bool) -> Value:
         cv.emit("ne", [r, zero]), cv.emit("ne", [cv.emit("lt", [r, zero]), cv.emit("lt", [b, scalar(cv, b, 0)])]),
     ])  # fmt: skip
     return cv.emit("where", [moved, cv.emit("add", [r, b]), r])
+
+
+def floor_divide(cv, a: Value, b: Value) -> Value:
+    """`a // b` as torch (and Python) computes it for floats: from the exact remainder,
+    (a - fmod(a, b)) / b, one less where the remainder's sign differs from b's, rounded to
+    the nearest whole number; `a / b` where b is 0. floor(a / b) differs where the quotient
+    rounds up to a whole number: 1.0 // 0.1 is 9 (0.1 is a little over a tenth), floor(1.0 /
+    0.1) is 10. Integers: the division's own floor rounding."""
+    if not (a.type.dtype.is_float or b.type.dtype.is_float):
+        return cv.emit("div", [a, b], rounding_mode="floor")
+    mod = remainder(cv, a, b, c_style=True)
+    quotient = cv.emit("div", [a, b], rounding_mode=None)
+    zero, one = scalar(cv, quotient, 0), scalar(cv, quotient, 1)
+    div = cv.emit("div", [cv.emit("sub", [a, mod]), b], rounding_mode=None)
+    signs_differ = cv.emit("ne", [cv.emit("lt", [b, scalar(cv, b, 0)]), cv.emit("lt", [mod, scalar(cv, mod, 0)])])
+    down = cv.emit("logical_and", [cv.emit("ne", [mod, scalar(cv, mod, 0)]), signs_differ])
+    div = cv.emit("where", [down, cv.emit("sub", [div, one]), div])
+    low = floor(cv, div)
+    up = cv.emit("gt", [cv.emit("sub", [div, low]), scalar(cv, div, 0.5)])
+    whole = cv.emit("where", [up, cv.emit("add", [low, one]), low])
+    whole = cv.emit("where", [cv.emit("ne", [div, zero]), whole, cv.emit("copysign", [zero, quotient])])
+    return cv.emit("where", [cv.emit("eq", [b, scalar(cv, b, 0)]), quotient, whole])
 
 
 def elu(cv, x: Value, alpha: float, scale: float = 1.0, input_scale: float = 1.0) -> Value:

@@ -51,7 +51,7 @@ LIBM_UNARY = {
     "atanh": torch.atanh,
     "erfc": torch.erfc,
 }
-LIBM_BINARY = {"atan2": torch.atan2, "copysign": torch.copysign}
+LIBM_BINARY = {"atan2": torch.atan2, "copysign": torch.copysign, "fmod": torch.fmod}
 _SAME_UNARY = {
     "abs": torch.abs,
     "neg": torch.neg,

@@ -65,6 +65,14 @@ def sf_floordiv(a, b):
 
 
 @triton.jit
+def sf_trunc(x):
+    """x rounded toward zero; from 2^52 up (and inf, NaN) a float is whole already."""
+    ax = tl.abs(x)
+    t = tl.where(ax < 4503599627370496.0, ax.to(tl.int64).to(x.dtype), ax)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
 def sf_tanh(x):
     """tanh from exp, with the odd series near 0 where 1 - e^-2x cancels."""
     ax = tl.abs(x)
@@ -82,7 +90,9 @@ def sf_pow(x, y):
     is_int = yi == y
     odd = is_int & ((yi - 2.0 * tl.floor(yi * 0.5)) == 1.0)
     mag = tl.exp(y * tl.log(tl.abs(x)))
-    out = tl.where(x < 0, tl.where(is_int, tl.where(odd, -mag, mag), float("nan")), mag)
+    # a negative base to a fractional power is NaN, but -inf's is inf's (as C's pow)
+    frac = tl.where(x == float("-inf"), mag, float("nan"))
+    out = tl.where(x < 0, tl.where(is_int, tl.where(odd, -mag, mag), frac), mag)
     return tl.where(y == 0.0, 1.0, out)
 '''
 
@@ -383,7 +393,7 @@ class _Emitter:
             if rm == "floor":
                 return f"tl.floor({a} / {b})"
             if rm == "trunc":
-                return f"({a} / {b}).to(tl.int64).to({TL[wide]})"
+                return f"sf_trunc({a} / {b})"
             return f"({a} / {b})"
         if fn in _COMPARE:
             a, b = args
@@ -429,6 +439,8 @@ class _Emitter:
             if params.get("approximate") == "tanh":
                 return f"(0.5 * {x} * (1.0 + sf_tanh(0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x}))))"
             return f"(0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476)))"
+        if fn == "fmod" and wide.is_float:  # Triton's % of floats is C's fmod (frem)
+            return f"({x} % {cast(args[1])})"
         if fn == "clamp":
             out = x
             if params.get("min") is not None:
