@@ -695,6 +695,23 @@ def test_value_dependent_models_are_refused_with_the_reason():
         symfuse.compile(Branchy(), (torch.randn(4),))
 
 
+class PromotingBounds(torch.nn.Module):
+    def forward(self, b, i, h):
+        return b.clamp(-5, 5), b**2, i.clamp(0.5, 3.5), i.clamp(min=-2), h.clamp(-1.5, 2), i.clamp_min(1.5)
+
+
+def test_results_have_torchs_types_where_scalars_promote(seeded):
+    """A clamp's bounds take part in type promotion: an integer tensor clamped by 0.5 is
+    float (it was clamped as integers: 0 stayed 0), a bool clamped or squared is int64.
+    Every result has the dtype torch gives it."""
+    m = PromotingBounds()
+    c = symfuse.compile(m, (torch.rand(3, 4) > 0.5, torch.randint(-5, 5, (3, 4)), torch.randn(3, 4).half()))
+    for rows in (1, 7, 16):
+        b, i, h = torch.rand(rows, 4) > 0.5, torch.randint(-5, 5, (rows, 4)), torch.randn(rows, 4).half()
+        for k, (got, want) in enumerate(zip(c(b, i, h), m(b, i, h))):
+            assert got.dtype == want.dtype and torch.equal(got, want), (rows, k, got.dtype, want.dtype)
+
+
 class FloatDivisions(torch.nn.Module):
     def forward(self, a, b):
         return torch.fmod(a, b), torch.remainder(a, b), a // b, torch.div(a, b, rounding_mode="trunc"), a % 0.1

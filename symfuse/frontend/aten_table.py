@@ -16,7 +16,7 @@ import torch
 from symfuse.frontend import composite as cs
 from symfuse.frontend.composite import arg_extreme, conv_transpose2d, pad_constant
 from symfuse.ir.dims import dim, exact_quotient, product, slice_bound
-from symfuse.ir.dtypes import DType
+from symfuse.ir.dtypes import DType, promote
 from symfuse.ops.elementwise import LIBM_UNARY
 
 aten = torch.ops.aten
@@ -265,6 +265,11 @@ def _clamp(cv, a):
     hi = a.get("max", a.get("max_val"))
     x = cv.tensor(a["self"])
     if all(v is None or isinstance(v, (int, float)) for v in (lo, hi)):
+        # the bounds take part in type promotion: a bool tensor clamped by integers is int64,
+        # an integer one clamped by a float is float
+        bounds = [(DType.float32 if isinstance(v, float) else DType.int64, 0) for v in (lo, hi) if v is not None]
+        dt = promote((x.type.dtype, x.type.rank), *bounds)
+        x = x if dt == x.type.dtype else cv.emit("cast", [x], dtype=dt)
         return cv.emit("clamp", [x], min=lo, max=hi)
     for v, op in ((lo, "maximum"), (hi, "minimum")):  # a bound that is a size (H - 1): as a scalar operand
         if v is not None:

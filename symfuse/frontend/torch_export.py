@@ -548,7 +548,7 @@ def _convert(ep, inputs: dict[str, Any], decls: dict[str, dict[int, DimDecl]], m
     for n in calls:
         cv.target, cv.name, cv.loc = n.target, n.name, source_location(n)
         try:
-            cv.env[n] = _convert_node(cv, n)
+            cv.env[n] = _as_torch_types(cv, _convert_node(cv, n), n.meta.get("val"))
         except Unsupported as e:
             raise UnsupportedOpsError([(str(n.target), str(e), cv.loc)]) from None
 
@@ -599,6 +599,21 @@ def _convert_node(cv: Converter, n: torch.fx.Node) -> Any:
     if "dim" in args and isinstance(x, torch.fx.Node) and isinstance(cv.env.get(x), Value) and cv.env[x].type.rank == 0:
         return _on_scalar(cv, n, args, x)
     return ATEN[n.target](cv, args)
+
+
+def _as_torch_types(cv: Converter, out: Any, want: Any) -> Any:
+    """Each tensor result in the dtype torch gives it (the node's traced value): where a
+    composition computes a value exactly in another type, a cast (a bool tensor clamped by
+    integers, or squared, is int64 in torch)."""
+    if isinstance(out, Value) and isinstance(want, torch.Tensor) and out.type.rank == want.dim():
+        try:
+            dt = DType.of(want.dtype)
+        except TypeError:
+            return out
+        return out if dt == out.type.dtype else cv.emit("cast", [out], dtype=dt)
+    if isinstance(out, tuple) and isinstance(want, (tuple, list)) and len(out) == len(want):
+        return tuple(_as_torch_types(cv, v, w) for v, w in zip(out, want))
+    return out
 
 
 def _on_scalar(cv: Converter, n: torch.fx.Node, args: dict[str, Any], x: torch.fx.Node) -> Any:
