@@ -156,6 +156,28 @@ def test_integer_division_by_either_sign_and_by_zero():
     assert all(torch.equal(g, w) for g, w in zip(c(a, b), m(a, b)))
 
 
+class NarrowTypes(torch.nn.Module):
+    def forward(self, i, h, u):
+        return i.argmax(-1), i.amax(-1), i.sum(-1), (h * 2.7).to(torch.int32), ~u
+
+
+def test_narrow_integer_reductions_half_to_integer_casts_and_unsigned_not():
+    """int32 reductions (the masked lanes' int64 identity did not fit the loaded type), a
+    half result cast to an integer after rounding to half as torch does (truncating the
+    float32 product was one off), `~` of uint8."""
+    m = NarrowTypes()
+
+    def make(rows):
+        return (torch.randint(-50, 50, (rows, 10), dtype=torch.int32), (torch.randn(rows, 10) * 3).half(),
+                torch.randint(0, 256, (rows, 10), dtype=torch.uint8))  # fmt: skip
+
+    c = symfuse.compile(m, make(6), backend="triton")
+    for rows in (1, 7, 16):
+        inputs = make(rows)
+        for k, (got, want) in enumerate(zip(c(*inputs), m(*inputs))):
+            assert got.dtype == want.dtype and torch.equal(got, want), (rows, k)
+
+
 class SpecialValues(torch.nn.Module):
     def forward(self, x, y):
         return torch.trunc(x), torch.frac(x), x**-1.5, x**3, torch.fmod(x, y), torch.remainder(x, y), x // y

@@ -216,6 +216,16 @@ class _Emitter:
             return self.call(s, ctx), s.dtype
         raise CodegenError(f"cannot generate Triton for {s!r}")
 
+    def computed_dtype(self, x: Scalar) -> DType | None:
+        """The dtype of a value this kernel computes (an op, or a member computed where it is
+        read); None for what it loads or is given."""
+        if isinstance(x, Call):
+            return x.dtype
+        if isinstance(x, Load):
+            m = self.inline_member(x) or self.scalars.get(x.tensor)
+            return m.dtype if m is not None else None
+        return None
+
     def inline_member(self, ld: Load) -> TE | None:
         st = self.step
         if ld.tensor in st.inline and ld.tensor not in self.buffers:
@@ -344,7 +354,8 @@ class _Emitter:
             mask_axes = ctx.mask_axes | {_COL}
         inner = _Ctx(axes, mask, mask_axes)
         code, dt = self.expr(r.body, inner)
-        val = code if dt.is_float == r.dtype.is_float and dt is not DType.bool else f"({code}).to({acc_t})"
+        same = dt.is_float and r.dtype.is_float or dt is DType.int64 and not r.dtype.is_float
+        val = code if same else f"({code}).to({acc_t})"  # narrower integers widened: init is an int64
         if last is not None:
             val = self.named(("masked", val), "x", f"tl.where({mask}, {val}, {init})")
         if r.op == "sum":
@@ -405,8 +416,8 @@ class _Emitter:
             return f"({self.bool_or(args[0], fn)} | {self.bool_or(args[1], fn)})"
         if fn == "logical_not" or (fn == "bitwise_not" and dt is DType.bool):
             return f"({args[0][0]} == 0)"
-        if fn == "bitwise_not":
-            return f"(~{args[0][0]})"
+        if fn == "bitwise_not":  # uint8 by xor (Triton's interpreter has no ~ for unsigned types)
+            return f"({args[0][0]} ^ 255)" if dt is DType.uint8 else f"(~{args[0][0]})"
         if fn in ("maximum", "minimum"):
             a, b = cast(args[0]), cast(args[1])
             nan = ", propagate_nan=tl.PropagateNan.ALL" if dt.is_float else ""
@@ -415,7 +426,13 @@ class _Emitter:
             c = args[0][0] if args[0][1] is DType.bool else f"({args[0][0]} != 0)"
             return f"tl.where({c}, {cast(args[1])}, {cast(args[2])})"
         if fn == "cast":
-            return self.to(args[0], wide) if dt is not DType.bool else f"({args[0][0]} != 0)"
+            src, logical = args[0], self.computed_dtype(s.args[0])
+            if logical in _WIDE and not wide.is_float:
+                # a half-precision result computed wide is rounded to its type before it becomes
+                # an integer, as torch rounds every op's result (2.7 * x truncated from float32
+                # could be one off)
+                src = (f"({src[0]}).to({TL[logical]}).to({TL[_WIDE[logical]]})", src[1])
+            return self.to(src, wide) if dt is not DType.bool else f"({src[0]} != 0)"
         x = cast(args[0]) if args else ""
         if fn in _UNARY and wide.is_float:
             return f"{_UNARY[fn]}({x})"
