@@ -712,6 +712,22 @@ def test_results_have_torchs_types_where_scalars_promote(seeded):
             assert got.dtype == want.dtype and torch.equal(got, want), (rows, k, got.dtype, want.dtype)
 
 
+class RoundingAndRrelu(torch.nn.Module):
+    def forward(self, t):
+        f = torch.nn.functional
+        return torch.round(t, decimals=2), torch.round(t, decimals=-1), f.rrelu(t, training=False), f.rrelu(t, 0.1, 0.3)
+
+
+def test_round_to_decimals_and_rrelu_at_inference_as_torch(seeded):
+    m = RoundingAndRrelu()
+    c = symfuse.compile(m, (torch.randn(5, 7) * 300,))
+    for rows in (1, 5, 16):
+        x = torch.randn(rows, 7) * 300
+        x[0, :4] = torch.tensor([0.125, 2.675, -1.005, 15.0])  # halves and values just off them
+        for k, (got, want) in enumerate(zip(c(x), m(x))):
+            assert torch.equal(got, want), (rows, k)
+
+
 class FloatDivisions(torch.nn.Module):
     def forward(self, a, b):
         return torch.fmod(a, b), torch.remainder(a, b), a // b, torch.div(a, b, rounding_mode="trunc"), a % 0.1

@@ -144,11 +144,30 @@ def _elu(cv, a):
     return cs.elu(cv, x, alpha, scale, in_scale)
 
 
-@converts(aten.leaky_relu.default)
+@converts(aten.leaky_relu.default, aten.rrelu.default)
 def _leaky_relu(cv, a):
+    """Leaky ReLU; RReLU at inference is one with the mean of its slopes (training draws them)."""
     x = cv.tensor(a["self"])
-    slope = float(a.get("negative_slope", 0.01))
+    if cv.target is aten.rrelu.default:
+        if a.get("training", False):
+            raise Unsupported("rrelu in training mode (random slopes)")
+        slope = (float(a.get("lower", 0.125)) + float(a.get("upper", 1.0 / 3.0))) / 2
+    else:
+        slope = float(a.get("negative_slope", 0.01))
     return cv.emit("where", [cv.emit("gt", [x, cv.operand(0.0)]), x, cv.emit("mul", [x, cv.operand(slope)])])
+
+
+@converts(aten.round.decimals)
+def _round_decimals(cv, a):
+    """Round half to even at `decimals` digits, as torch: x * 10^d rounded, divided by 10^d
+    (for negative d: x / 10^-d rounded, times 10^-d), with 10^|d| in the tensor's type."""
+    x, d = cv.tensor(a["self"]), int(a.get("decimals", 0))
+    if d == 0 or not x.type.dtype.is_float:
+        return cs.round_half_even(cv, x)
+    ten = cs.scalar(cv, x, float(torch.tensor(10.0 ** abs(d), dtype=x.type.dtype.torch)))
+    if d > 0:
+        return cv.emit("div", [cs.round_half_even(cv, cv.emit("mul", [x, ten])), ten], rounding_mode=None)
+    return cv.emit("mul", [cs.round_half_even(cv, cv.emit("div", [x, ten], rounding_mode=None)), ten])
 
 
 @converts(aten.fmod.Scalar, aten.fmod.Tensor, aten.remainder.Scalar, aten.remainder.Tensor)
@@ -181,8 +200,6 @@ def _unary_composite(cv, a):
     through exp and log by a constant factor, expm1 as exp(x) - 1 (which loses the digits
     of a tiny x that torch's keeps, within 1e-7 of the output's scale)."""
     x = cv.tensor(a["self"])
-    if cv.target is aten.round.default and a.get("decimals", 0):
-        raise Unsupported("round to decimals")
     if not x.type.dtype.is_float and cv.target in (aten.exp2.default, aten.log2.default, aten.log10.default,
                                                    aten.expm1.default, aten.tan.default, aten.sinh.default,
                                                    aten.cosh.default):  # fmt: skip
