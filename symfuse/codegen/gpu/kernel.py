@@ -25,6 +25,7 @@ import sympy
 from symfuse.codegen.cpu.c import CodegenError
 from symfuse.ir.dims import Dim, call_spelling, fmt_shape, render
 from symfuse.ir.dtypes import DType
+from symfuse.runtime.program import DIV_BY_ZERO
 from symfuse.schedule.layout import address
 from symfuse.schedule.steps import Buffer, NativeStep
 from symfuse.te.analysis import gather_site, in_row, loads, loads_through, row_scalar
@@ -280,41 +281,40 @@ class _Emitter:
         """`value` checked against [0, extent), or with `python` [-extent, extent) and counted
         from the end when negative."""
         code, _ = self.expr(value, ctx)
-        v = self.var("g")
-        self.gathers.append(what)
-        site = len(self.gathers) - 1
-        self.used_err = True
-        bad = self.var("bad")
+        v, bad = self.var("g"), self.var("bad")
         self.line(f"{v} = ({code}).to(tl.int64)")
         low = f"-({extent})" if python else "0"  # an index from_end may count from the end
         self.line(f"{bad} = (({v} < {low}) | ({v} >= {extent})) & ({ctx.mask})")
-        zero = self.var("z")  # shaped as `bad`: the index's shape and the mask's broadcast together
-        self.line(f"{zero} = 0 * {bad}.to(tl.int64)")
-        for slot, reported in enumerate((v, low if python else extent, site)):  # extent negated: from_end
-            self.line(f"tl.store(sf_err + {slot} + {zero}, {reported} + {zero}, mask={bad})")
+        self.report(bad, v, low if python else extent, what)  # extent negated: from_end
         if python:
             self.line(f"{v} = tl.where({v} < 0, {v} + {extent}, {v})")
         self.line(f"{v} = tl.where({bad}, 0, {v})")
         return v
 
-    def integer_division(self, a: str, b: str, floor: bool, divisor: Scalar, ctx: _Ctx) -> str:
+    def report(self, bad: str, value: str, extent: str, what: str) -> None:
+        """Where `bad`, write (value, extent, site of `what`) to the call's error slot, which the
+        host raises after the call (`runtime.program.slot_error`)."""
+        self.gathers.append(what)
+        self.used_err = True
+        zero = self.var("z")  # shaped as `bad`: the operands' shapes and the mask's broadcast together
+        self.line(f"{zero} = 0 * {bad}.to(tl.int64)")
+        for slot, reported in enumerate((value, extent, str(len(self.gathers) - 1))):
+            self.line(f"tl.store(sf_err + {slot} + {zero}, {reported} + {zero}, mask={bad})")
+
+    def integer_division(self, a: str, b: str, floor: bool, ctx: _Ctx) -> str:
         """`a / b` of integers, truncated (Triton's `//`, as C's) or with `floor` rounded down,
         for divisors of either sign. A zero divisor reads as 0 and is reported in the call's
-        error slot (a, DIV_BY_ZERO, site), as the CPU kernels report it (a GPU does not trap);
-        a nonzero constant divisor needs no check."""
-        literal = isinstance(divisor, Const) or re.fullmatch(r"\(?-?\d+\)?", b.strip())
-        if literal and int(divisor.value if isinstance(divisor, Const) else b.strip("() ")) != 0:
+        error slot (a, DIV_BY_ZERO), as the CPU kernels report it (a GPU does not trap); a
+        nonzero literal divisor needs no check."""
+        if _is_literal(b) and float(b) != 0:
             q = f"({a} // {b})"
         else:
-            self.gathers.append(f"an integer division in {self.step.name}")
-            site = len(self.gathers) - 1
-            self.used_err = True
-            by0, bad, zero, d, q = (self.var(v) for v in ("by0", "bad", "z", "d", "q"))
+            by0, bad, d, q = (self.var(v) for v in ("by0", "bad", "d", "q"))
             self.line(f"{by0} = (0 * {a} + {b}) == 0")  # a and b broadcast together
             self.line(f"{bad} = {by0} & ({ctx.mask})")  # lanes past the mask read 0: not reported
-            self.line(f"{zero} = 0 * {bad}.to(tl.int64)")
-            for slot, reported in enumerate((f"({a}).to(tl.int64)", "(-9223372036854775807 - 1)", str(site))):
-                self.line(f"tl.store(sf_err + {slot} + {zero}, {reported} + {zero}, mask={bad})")
+            # DIV_BY_ZERO is INT64_MIN, which Triton reads only as a difference
+            div_by_zero = f"({DIV_BY_ZERO + 1} - 1)"
+            self.report(bad, f"({a}).to(tl.int64)", div_by_zero, f"an integer division in {self.step.name}")
             self.line(f"{d} = tl.where({by0}, 1, {b})")
             self.line(f"{q} = tl.where({by0}, 0, {a} // {d})")
             b = d
@@ -400,7 +400,7 @@ class _Emitter:
             a, b = cast(args[0]), cast(args[1])
             rm = params.get("rounding_mode")
             if not dt.is_float:
-                return self.integer_division(a, b, rm == "floor", s.args[1], ctx)
+                return self.integer_division(a, b, rm == "floor", ctx)
             if rm == "floor":
                 return f"tl.floor({a} / {b})"
             if rm == "trunc":
