@@ -2,6 +2,7 @@
 
 import copy
 import os
+import re
 
 import pytest
 import torch
@@ -380,3 +381,68 @@ def test_max_and_min_reductions_propagate_nan_as_torch(seeded):
             assert torch.equal(got.nan_to_num(0), want.nan_to_num(0)), (shape, got, want)
     src = "\n".join(k.source for k in c.native.kernels.values())
     assert "|= " in src and "= NAN;" in src
+
+
+def test_the_row_kernels_relu_keeps_a_nan(seeded):
+    """ReLU applied by the row GEMM to its tile keeps a NaN, as torch.relu does (it was
+    `x > 0 ? x : 0`, which makes it 0)."""
+    m = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.ReLU()).eval()
+    c = symfuse.compile(m, (torch.randn(4, 24),), ({0: "B"},))
+    x = torch.randn(3, 24)
+    x[1, 5] = float("nan")
+    assert c.native.runs_own(next(s for s in c.native.schedule.steps if s.name.endswith("linear")), 3)
+    got, want = c(x), m(x)
+    assert torch.equal(got.isnan(), want.isnan()) and want[1].isnan().all()
+    assert torch.allclose(got.nan_to_num(0), want.nan_to_num(0), rtol=1e-5, atol=1e-6)
+
+
+class Pools(torch.nn.Module):
+    """The pooling forms a CNN uses, behind a convolution + ReLU as in a ResNet's stem."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x, z):
+        F = torch.nn.functional
+        y = torch.relu(self.conv(x))
+        return (
+            F.max_pool2d(y, 2),
+            F.max_pool2d(z, 3, 2, 1),
+            F.max_pool2d(z, (2, 3), 1, (1, 0), dilation=(1, 2)),
+            F.avg_pool2d(y, 2),
+            F.avg_pool2d(z, 3, 2, 1),
+            F.avg_pool2d(z, 3, 2, 1, count_include_pad=False),
+            F.avg_pool2d(z, 3, 1, 1, divisor_override=5),
+            F.adaptive_avg_pool2d(F.avg_pool2d(F.max_pool2d(y, 2), 2), 1),
+            F.adaptive_avg_pool2d(z, (3, 5)),
+        )
+
+
+def test_pools_are_generated_kernels_at_every_size(seeded, tmp_path):
+    """Pools run as generated C++ (torch's NCHW max pooling is 4-30x slower than the
+    vectorised kernel), match eager at odd and even sizes with NaN propagating as in torch,
+    leave the ReLU before them to the convolution as a post-op, and compute their pooled
+    sides once per kernel instead of at every element."""
+    from symfuse.schedule.steps import GemmStep
+
+    m = Pools().eval()
+    before = symfuse.compile_count()
+    dims = {0: "B", 2: "H", 3: "W"}
+    ex = torch.randn(2, 3, 12, 12)
+    c = symfuse.compile(m, (ex, ex), (dims, dims), cache_dir=str(tmp_path))
+    for shape in [(1, 3, 7, 5), (2, 3, 16, 16), (3, 3, 13, 31), (1, 3, 48, 17)]:
+        x, z = torch.randn(shape), torch.randn(shape)
+        z[0, 0, 1, 1] = float("nan")
+        for k, (got, want) in enumerate(zip(c(x, z), m(x, z))):
+            assert got.shape == want.shape, (k, shape)
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True), (k, shape)
+    assert symfuse.compile_count() == before + 1
+    steps = c.native.schedule.steps
+    assert not [s for s in steps if isinstance(s, OpaqueStep)]
+    (conv,) = [s for s in steps if isinstance(s, GemmStep)]
+    assert conv.postop is not None and conv.epilogue is None  # the ReLU did not go looking for a pool's kernel
+    for name, src in c.native.kernels.items():  # sizes such as H//2 are locals set before the loops
+        loops = src.source.split("#pragma omp for", 1)[-1]
+        for args in re.findall(r"sf_floordiv<int64_t>\(((?:[^()]|\((?:[^()]|\([^()]*\))*\))*)\)", loops):
+            assert re.search(r"\b(i\d|r\d+_\w+)", args), (name, args)  # a division in the loops involves a loop

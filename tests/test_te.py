@@ -67,7 +67,7 @@ def test_models_through_te_interpreter(name):
     c = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic)
     prog = lower(c.graph)
     opaque = {t.op for t in prog.items if isinstance(t, Opaque)}
-    assert opaque <= {"conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"}
+    assert not opaque  # every op of both models has a TE, pools included
     for binding in case.sweep[:3]:
         inputs = case.inputs(**binding)
         tensors = c._inputs((), inputs)

@@ -9,7 +9,8 @@ Policy, in order:
    arange plus an offset) are inlined into their readers.
 2. GEMM epilogues: a compute-intensive TE absorbs element-wise consumers of the same
    shape that read it one-to-one (bias is already in the GEMM's TE; GELU joins here),
-   unless the consumer's value flows into a reduction, where it belongs (step 3).
+   unless the consumer's value flows into a reduction over the same rows, where it
+   belongs (step 3); a pooling window reads rows around its own, so it takes nothing.
 3. Loop, input and stitch fusion: memory-intensive TEs join when one reads the other
    one-to-one or over a region of the same rows (all dims but the last equal in the
    store); so a residual add, a layer norm's statistics and its normalisation become one
@@ -158,13 +159,15 @@ class _Planner:
         return all(in_row(ld.index, ct.axes, ct.shape) for ld, _ in loads(ct.body) if ld.tensor == p)
 
     def feeds_reduction(self, t: str, seen=None) -> bool:
-        """Does t's value flow, through one-to-one element-wise TEs, into a reduction?"""
+        """Does t's value flow, through one-to-one element-wise TEs, into a reduction that
+        could take it into its kernel (one over the same rows: a layer norm, not a pooling
+        window, which reads rows around its own)?"""
         seen = seen or set()
         for c in self.consumers.get(t, []):
             if c in seen or not self.is_te(c) or self.gemm(c):
                 continue
             seen.add(c)
-            if self.a.edges.get((t, c)) == MANY or self.feeds_reduction(c, seen):
+            if (self.a.edges.get((t, c)) == MANY and self.legal(t, c)[0]) or self.feeds_reduction(c, seen):
                 return True
         return False
 

@@ -12,7 +12,15 @@ import torch.nn.functional as F
 from symfuse.ir.dims import dim, floordiv
 from symfuse.ir.dtypes import DType
 from symfuse.ops.registry import Kind, defop, same_dtype, same_shape
-from symfuse.te.rules import layer_norm_rule, reduce_rule, safe_softmax_rule, softmax_rule
+from symfuse.te.rules import (
+    adaptive_avg_pool2d_rule,
+    avg_pool2d_rule,
+    layer_norm_rule,
+    max_pool2d_rule,
+    reduce_rule,
+    safe_softmax_rule,
+    softmax_rule,
+)
 
 
 def _reduce_shape(ctx, x, dims, keepdim, **_):
@@ -151,6 +159,7 @@ defop(
     ref=lambda x, kernel_size, stride, padding, dilation: F.max_pool2d(
         x, kernel_size, stride or None, padding, dilation
     ),
+    lower=max_pool2d_rule,
     constraints="each output side is at least 1",
 )
 defop(
@@ -163,6 +172,7 @@ defop(
     ref=lambda x, kernel_size, stride, padding, count_include_pad, divisor_override: F.avg_pool2d(
         x, kernel_size, stride or None, padding, False, count_include_pad, divisor_override
     ),
+    lower=avg_pool2d_rule,
     constraints="each output side is at least 1",
 )
 defop(
@@ -173,4 +183,5 @@ defop(
     shape=lambda ctx, x, output_size: x.shape[:-2] + tuple(dim(s) for s in output_size),
     dtype=same_dtype(),
     ref=lambda x, output_size: F.adaptive_avg_pool2d(x, output_size),
+    lower=adaptive_avg_pool2d_rule,
 )

@@ -11,6 +11,7 @@ candidates.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -100,6 +101,37 @@ def has_reduce(s: Scalar) -> bool:
     if isinstance(s, Load):
         return any(not isinstance(i, sympy.Expr) and has_reduce(i) for i in s.index)
     return False
+
+
+# a reduction over at most this many elements, every extent a constant, is a window (a
+# pooling's): its loops unroll and the loop over outputs around it is the vectorised one
+WINDOW = 64
+
+
+def reductions(s: Scalar) -> list[Reduce]:
+    """The outermost reductions in `s` (those not inside another)."""
+    if isinstance(s, Reduce):
+        return [s]
+    if isinstance(s, Call):
+        return [r for a in s.args for r in reductions(a)]
+    if isinstance(s, Load):
+        return [r for i in s.index if not isinstance(i, sympy.Expr) for r in reductions(i)]
+    return []
+
+
+def is_window(r: Reduce) -> bool:
+    """A reduction over a small window of constant extents, holding no other reduction."""
+    sizes = [ext for _, ext in r.axes]
+    return (
+        all(isinstance(e, (int, sympy.Integer)) for e in sizes)
+        and math.prod(int(e) for e in sizes) <= WINDOW
+        and not has_reduce(r.body)
+    )
+
+
+def reduced_elements(s: Scalar) -> sympy.Expr:
+    """Elements the reductions in `s` go over for one value of it (1 where it has none)."""
+    return sympy.Integer(1) + sum((math.prod(ext for _, ext in r.axes) for r in reductions(s)), sympy.Integer(0))
 
 
 def operand(s: Scalar) -> Load | None:

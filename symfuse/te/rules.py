@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import sympy
+import torch
 
 from symfuse.ir.dims import Dim, dim, exact_quotient, floordiv, mod, slice_bound
 from symfuse.ir.dtypes import DType
@@ -414,5 +415,93 @@ def conv2d_rule(lw, node, x, weight, bias, stride, padding, dilation, groups):
         extents = ((rc, group_c), (rh, kh), (rw, kw))
         acc = Reduce("sum", Call("mul", (v, weight((o, rc, rh, rw))), dt), extents, dt)
         return Call("add", (acc, bias((o,))), dt) if bias is not None else acc
+
+    return body
+
+
+def _window(x, in_shape, idx, taps, stride, padding, dilation, fill, dt):
+    """The element of a pooling window at reduction variables `taps` (one per spatial dim,
+    the last len(taps) dims) for output position `idx`; `fill` where the window reaches into
+    the padding. The read index is clamped into the input, since an emitter may evaluate the
+    side of a select it does not take."""
+    n = len(taps)
+    lead, out = idx[:-n], idx[-n:]
+    pos = [o * s + t * d - p for o, t, s, p, d in zip(out, taps, stride, padding, dilation)]
+    sides = in_shape[-n:]
+    if not any(padding):
+        return x(tuple(lead) + tuple(pos))
+    clamped = tuple(sympy.Min(sympy.Max(i, 0), side - 1) for i, side in zip(pos, sides))
+    cond = None
+    for i, side in zip(pos, sides):
+        for f, bound in (("ge", sympy.Integer(0)), ("lt", side)):
+            c = Call(f, (Index(i, DType.int64), Index(bound, DType.int64)), DType.bool)
+            cond = c if cond is None else Call("logical_and", (cond, c), DType.bool)
+    return Call("where", (cond, x(tuple(lead) + clamped), Const(fill, dt)), dt)
+
+
+def max_pool2d_rule(lw, node, x, kernel_size, stride, padding, dilation):
+    """The window's maximum (a NaN in it is the maximum, as in torch); padding never wins."""
+    in_shape, dt, name = node.inputs[0].type.shape, node.out.type.dtype, node.out.name
+    stride = stride or kernel_size
+    taps = tuple(reduce_axis(name, i) for i in range(2))
+    lowest = -math.inf if dt.is_float else (False if dt is DType.bool else torch.iinfo(dt.torch).min)
+
+    def body(idx):
+        v = _window(x, in_shape, idx, taps, stride, padding, dilation, lowest, dt)
+        return Reduce("max", v, tuple(zip(taps, kernel_size)), dt)
+
+    return body
+
+
+def avg_pool2d_rule(lw, node, x, kernel_size, stride, padding, count_include_pad, divisor_override):
+    """The window's sum over its size: `divisor_override`, else the whole window with
+    `count_include_pad` (without ceil_mode a window never passes the padding), else the
+    elements inside the input."""
+    in_shape, dt, name = node.inputs[0].type.shape, node.out.type.dtype, node.out.name
+    stride = stride or kernel_size
+    taps = tuple(reduce_axis(name, i) for i in range(2))
+
+    def body(idx):
+        v = _window(x, in_shape, idx, taps, stride, padding, (1, 1), 0.0, dt)
+        total = Reduce("sum", Call("cast", (v,), dt), tuple(zip(taps, kernel_size)), dt)
+        if divisor_override:
+            count = sympy.Integer(divisor_override)
+        elif count_include_pad or not any(padding):
+            count = sympy.Integer(kernel_size[0] * kernel_size[1])
+        else:
+            count = sympy.Integer(1)
+            for o, k, s, p, side in zip(idx[-2:], kernel_size, stride, padding, in_shape[-2:]):
+                start = o * s - p
+                count = count * (sympy.Min(start + k, side) - sympy.Max(start, 0))
+        return Call("div", (total, Index(count, DType.int64)), dt)
+
+    return body
+
+
+def adaptive_avg_pool2d_rule(lw, node, x, output_size):
+    """Output position i of a side n averages the input's [floor(i n / out), ceil((i + 1) n /
+    out)); the windows' lengths differ, so the reduction runs over the longest and masks the
+    rest (a side pooled to 1 is a plain mean over it)."""
+    in_shape, dt, name = node.inputs[0].type.shape, node.out.type.dtype, node.out.name
+    taps = tuple(reduce_axis(name, i) for i in range(2))
+
+    def body(idx):
+        lead, pos, extents, count, cond = idx[:-2], [], [], sympy.Integer(1), None
+        for o, t, out, side in zip(idx[-2:], taps, output_size, in_shape[-2:]):
+            if out == 1:
+                pos.append(t)
+                extents.append((t, side))
+                count = count * side
+                continue
+            start, end = floordiv(o * side, out), floordiv((o + 1) * side + out - 1, out)
+            pos.append(sympy.Min(start + t, side - 1))
+            extents.append((t, floordiv(side + out - 1, out) + 1))  # the longest window
+            count = count * (end - start)
+            c = Call("lt", (Index(start + t, DType.int64), Index(end, DType.int64)), DType.bool)
+            cond = c if cond is None else Call("logical_and", (cond, c), DType.bool)
+        v = Call("cast", (x(tuple(lead) + tuple(pos)),), dt)
+        if cond is not None:
+            v = Call("where", (cond, v, Const(0.0, dt)), dt)
+        return Call("div", (Reduce("sum", v, tuple(extents), dt), Index(count, DType.int64)), dt)
 
     return body

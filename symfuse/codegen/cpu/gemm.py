@@ -177,7 +177,7 @@ static inline void sf_activate(float* __restrict__ row, int64_t n, int64_t act) 
   switch (act) {
     case 1: SF_ROW_LOOP(sf_gelu_erf(x)) break;
     case 2: SF_ROW_LOOP(sf_gelu_tanh(x)) break;
-    case 3: SF_ROW_LOOP(x > 0.0f ? x : 0.0f) break;
+    case 3: SF_ROW_LOOP(x < 0.0f ? 0.0f : x) break;  // a NaN stays NaN, as in torch
     case 4: SF_ROW_LOOP(tanhf(x)) break;
     case 5: SF_ROW_LOOP(1.0f / (1.0f + sf_expf(-x))) break;
     case 6: SF_ROW_LOOP(x / (1.0f + sf_expf(-x))) break;

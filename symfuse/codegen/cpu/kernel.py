@@ -20,12 +20,22 @@ from dataclasses import dataclass
 import sympy
 
 from symfuse.codegen.cpu.c import CTYPE, STORAGE, CodegenError, cidx, literal
-from symfuse.ir.dims import Dim, fmt_shape
+from symfuse.ir.dims import Dim, dim, fmt_shape
 from symfuse.ir.dtypes import DType
 from symfuse.ops.elementwise import LIBM_BINARY, LIBM_UNARY
 from symfuse.schedule.layout import address
 from symfuse.schedule.steps import Buffer, NativeStep
-from symfuse.te.analysis import gather_site, has_reduce, in_row, loads, loads_through, row_scalar
+from symfuse.te.analysis import (
+    gather_site,
+    has_reduce,
+    in_row,
+    is_window,
+    loads,
+    loads_through,
+    reduced_elements,
+    reductions,
+    row_scalar,
+)
 from symfuse.te.ir import TE, Call, Const, Index, Load, Reduce, Scalar, fmt_short, substitute
 
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
@@ -57,6 +67,8 @@ class _Emitter:
         self.step, self.buffers, self.gathers = step, buffers, gathers
         self.names = {sympy.Symbol(s, integer=True, positive=True): f"s_{s}" for s in symbols}
         self.symbols = symbols
+        self.sizes = set(self.names)  # the shape symbols
+        self.derived: dict[sympy.Expr, sympy.Symbol] = {}  # sizes computed from them, named once (`c`)
         self.lines: list[str] = []
         self.depth = 0
         self.fresh = 0
@@ -71,6 +83,21 @@ class _Emitter:
         self.hoist: tuple[int, int] | None = None
         self.inner: set[str] = set()
         self.hoisted: dict[tuple[str, str, bool], str] = {}
+
+    def c(self, e) -> str:
+        """C for an index expression. A part of it computed from sizes alone (`(H//2 - 1)//2 + 1`,
+        a pooled side) is named once at the top of the kernel (`d0`): the loops read a local
+        instead of dividing at every element, and the code reads as the sizes it uses."""
+
+        def hoist(x: sympy.Expr) -> sympy.Expr:
+            if isinstance(x, (sympy.floor, sympy.ceiling, sympy.Mod)) and x.free_symbols <= self.sizes:
+                if x not in self.derived:
+                    self.derived[x] = sympy.Symbol(f"d{len(self.derived)}", integer=True)
+                    self.names[self.derived[x]] = self.derived[x].name
+                return self.derived[x]
+            return x.func(*(hoist(a) for a in x.args)) if x.args else x
+
+        return cidx(hoist(dim(e)), self.names)
 
     def line(self, s: str) -> None:
         self.lines.append("  " * self.depth + s)
@@ -97,7 +124,7 @@ class _Emitter:
         if isinstance(s, Const):
             return literal(s.value, s.dtype), s.dtype
         if isinstance(s, Index):
-            return f"{CTYPE[s.dtype]}({cidx(s.expr, self.names)})", s.dtype
+            return f"{CTYPE[s.dtype]}({self.c(s.expr)})", s.dtype
         if isinstance(s, Reduce):
             return self.reduce(s), s.dtype
         if isinstance(s, Call):
@@ -117,7 +144,7 @@ class _Emitter:
             if not in_row(ld.index, ax, self.step.members[-1].shape):
                 raise CodegenError(f"{ld.tensor} is read outside its row inside kernel {self.step.name}")
             dt = self.buffers[ld.tensor].dtype  # a row in a float buffer when stored in bf16
-            return f"{self.rows_in[ld.tensor]}[{cidx(ld.index[-1], self.names)}]", _WIDE.get(dt, dt)
+            return f"{self.rows_in[ld.tensor]}[{self.c(ld.index[-1])}]", _WIDE.get(dt, dt)
         if ld.tensor in self.local:
             m = self.local[ld.tensor]
             if not in_row(ld.index, m.axes, m.shape):
@@ -125,7 +152,7 @@ class _Emitter:
             if row_scalar(m):
                 self.row_scalars.add(f"v_{m.name}")
                 return f"v_{m.name}", m.dtype
-            return f"v_{m.name}[{cidx(ld.index[-1], self.names)}]", m.dtype
+            return f"v_{m.name}[{self.c(ld.index[-1])}]", m.dtype
         buf = self.buffers[ld.tensor]
         index = []
         for k, i in enumerate(ld.index):
@@ -135,7 +162,7 @@ class _Emitter:
             # a gather: a data-dependent index, checked at run time
             value, python, what = gather_site(i, k, ld.tensor, buf.shape[k], self.step.name)
             code, _ = self.expr(value)
-            extent = cidx(buf.shape[k], self.names)
+            extent = self.c(buf.shape[k])
             free = _loop_vars(value)
             hoist = self.hoist is not None and free is not None and not free & self.inner
             v = self.hoisted.get((code, extent, python)) if hoist else None
@@ -151,7 +178,7 @@ class _Emitter:
                     self.line(text)
             index.append(sympy.Symbol(v, integer=True))
         addr = address(tuple(index), buf.strides)
-        value = f"{ld.tensor}[{cidx(addr, self.names)}]"
+        value = f"{ld.tensor}[{self.c(addr)}]"
         if buf.dtype is DType.bfloat16:  # stored in half width, computed in float
             return f"sf_from_bf16({value})", DType.float32
         return (f"({value} != 0)" if buf.dtype is DType.bool else value), buf.dtype
@@ -165,12 +192,23 @@ class _Emitter:
         nan = self.var("nan") if r.op != "sum" and r.dtype.is_float else None  # a NaN is the extreme, as in torch
         if nan:
             self.line(f"int {nan} = 0;")
-        if not has_reduce(r.body) and r.dtype is not DType.bool:
-            collapse = f" collapse({len(r.axes)})" if len(r.axes) > 1 else ""
+        window = is_window(r)  # unrolled; the loop over outputs around it is the vectorised one
+        simd = None
+        if not window and not has_reduce(r.body) and r.dtype is not DType.bool:
             flag = f" reduction(|:{nan})" if nan else ""
-            self.line(f"#pragma omp simd reduction({'+' if r.op == 'sum' else r.op}:{acc}){flag}{collapse}")
-        for v, ext in r.axes:
-            self.line(f"for (int64_t {v.name} = 0; {v.name} < {cidx(ext, self.names)}; ++{v.name}) {{")
+            simd = f"#pragma omp simd reduction({'+' if r.op == 'sum' else r.op}:{acc}){flag}"
+            # the loops collapse into one vectorised loop where the inner extents are constants;
+            # over symbolic extents the collapsed loop would divide to recover each variable,
+            # so only the innermost loop is vectorised
+            if len(r.axes) > 1 and all(isinstance(e, (int, sympy.Integer)) for _, e in r.axes[1:]):
+                self.line(f"{simd} collapse({len(r.axes)})")
+                simd = None
+        for k, (v, ext) in enumerate(r.axes):
+            if window:
+                self.line(f"#pragma GCC unroll {int(ext)}")
+            elif simd and k == len(r.axes) - 1:
+                self.line(simd)
+            self.line(f"for (int64_t {v.name} = 0; {v.name} < {self.c(ext)}; ++{v.name}) {{")
             self.depth += 1
         outer, self.inner = self.inner, self.inner | {v.name for v, _ in r.axes}
         code, _ = self.expr(r.body)
@@ -298,7 +336,10 @@ class _Emitter:
 
     def symbol_lines(self, code: list[str]) -> list[str]:
         text = "\n".join(code + self.scratch_lines)
-        return [f"const int64_t s_{s} = sym[{k}];" for k, s in enumerate(self.symbols) if f"s_{s}" in text]
+        sizes = {s: n for s, n in self.names.items() if s in self.sizes}
+        derived = [f"const int64_t {v.name} = {cidx(e, sizes)};" for e, v in self.derived.items() if v.name in text]
+        text += "\n".join(derived)
+        return [f"const int64_t s_{s} = sym[{k}];" for k, s in enumerate(self.symbols) if f"s_{s}" in text] + derived
 
     def emit(self) -> KernelSource:
         st = self.step
@@ -319,8 +360,9 @@ class _Emitter:
         self.line(f'extern "C" void {st.name}({", ".join(sig)}) {{')
         self.depth = 1
         # symbols are read inside the parallel region: locals there keep the loops vectorisable
-        raw = {sym: f"sym[{self.symbols.index(sym.name)}]" for sym in self.names}
-        work = " + ".join(cidx(m.shape[-1], raw) for m in st.members if m.shape) or "1"
+        raw = {sym: f"sym[{self.symbols.index(sym.name)}]" for sym in self.sizes}
+        # elements touched a row: each member's, times those its reductions go over for each
+        work = " + ".join(cidx(m.shape[-1] * reduced_elements(m.body), raw) for m in st.members if m.shape) or "1"
         self.line(f"const bool parallel = (row_end - row_begin) * ({work}) > 16384;")
         self.line("#pragma omp parallel if (parallel)")
         self.line("{")
@@ -351,7 +393,7 @@ class _Emitter:
             elif k == 0:
                 self.line(f"const int64_t i{k} = {rem};")
             else:
-                c = cidx(d, self.names)
+                c = self.c(d)
                 self.line(f"const int64_t i{k} = {rem} % {c};")
                 nxt = f"q{k}"
                 self.line(f"const int64_t {nxt} = {rem} / {c};")
@@ -370,19 +412,17 @@ class _Emitter:
                 self.line(f"const {ct} v_{m.name} = {code};")
             else:
                 index = tuple(m.axes[:-1]) + ((sympy.Integer(0),) if m.axes else ())
-                addr = cidx(address(index, self.buffers[m.name].strides), self.names)
+                addr = self.c(address(index, self.buffers[m.name].strides))
                 self.line(f"{m.name}[{addr}] = {self.stored(m.name, code)};")
             return
         last = m.axes[-1].name
         if m.name in self.local:
-            self.scratch_lines.append(
-                f"std::unique_ptr<{ct}[]> row_{m.name}(new {ct}[{cidx(m.shape[-1], self.names)}]);"
-            )
+            self.scratch_lines.append(f"std::unique_ptr<{ct}[]> row_{m.name}(new {ct}[{self.c(m.shape[-1])}]);")
             self.scratch_lines.append(f"{ct}* __restrict__ v_{m.name} = row_{m.name}.get();")
         self.hoist, self.inner = (len(self.lines), self.depth), {last}
-        if not has_reduce(m.body):
+        if all(is_window(r) for r in reductions(m.body)):
             self.line("#pragma omp simd")
-        self.line(f"for (int64_t {last} = 0; {last} < {cidx(m.shape[-1], self.names)}; ++{last}) {{")
+        self.line(f"for (int64_t {last} = 0; {last} < {self.c(m.shape[-1])}; ++{last}) {{")
         self.depth += 1
         code = self.typed(m.body, m.dtype)
         self.hoist, self.inner = None, set()
@@ -392,7 +432,7 @@ class _Emitter:
             self.line(f"v_{m.name}[{last}] = {code};")
         else:
             addr = address(tuple(m.axes), self.buffers[m.name].strides)
-            self.line(f"{m.name}[{cidx(addr, self.names)}] = {self.stored(m.name, code)};")
+            self.line(f"{m.name}[{self.c(addr)}] = {self.stored(m.name, code)};")
         self.depth -= 1
         self.line("}")
 
