@@ -27,8 +27,11 @@ def test_explain_lists_tensor_expressions(capsys):
     assert main(["explain", "--model", "resnet", "--no-graph", "--te"]) == 0
     out = capsys.readouterr().out
     assert "tensor expressions (layout ops composed into loads):" in out
-    opaque = "max_pool2d x1, avg_pool2d x1, adaptive_avg_pool2d x1"
-    assert f"no TE lowering yet, run through torch: {opaque}" in out
+    assert "no TE lowering yet" not in out  # pools are reductions over their windows
+    window = "r0_max_pool2d < 2, r1_max_pool2d < 2)   for i0 < B, i1 < 32, i2 < H//2, i3 < H//2"
+    assert (
+        f"max_pool2d[i0, i1, i2, i3] = max(relu[i0, i1, 2*i2 + r0_max_pool2d, 2*i3 + r1_max_pool2d] for {window}" in out
+    )
     # the batch norm folded into the convolution, whose ReLU is its post-op
     assert "relu[i0, i1, i2, i3] = relu(conv2d[i0, i1, i2, i3])   for i0 < B" in out
     assert "oneDNN convolution; relu fused (oneDNN post-op)" in out
