@@ -6,7 +6,7 @@ generated code for that target is built as a static program (cross-compiled for 
 with a small harness appended (it reads each kernel argument from a file, calls the kernel
 and writes the output back), and run under the emulator: the row GEMM (every activation,
 tails of the panel) and both forms of the merged attention kernel (whose row code is the
-generated softmax), against torch on this machine. An instruction the emulated CPU lacks
+generated softmax) and the LSTM recurrence, against torch on this machine. An instruction the emulated CPU lacks
 would kill the program (SIGILL). Needs Debian's g++-aarch64-linux-gnu and qemu-user, which
 `scripts/test.sh` installs when it runs as root.
 """
@@ -23,6 +23,7 @@ from symfuse.codegen.compile import generate
 from symfuse.codegen.cpu import target as tg
 from symfuse.codegen.cpu.calibrate import canonical_attention
 from symfuse.codegen.cpu.gemm import ACTIVATIONS, pack_panels, tile_for
+from symfuse.codegen.cpu.lstm import LSTM_SOURCE
 from symfuse.ir.dims import evaluate
 from symfuse.reference import ReferenceExecutor
 from tests.conftest import rel_err
@@ -79,6 +80,17 @@ int main(int argc, char** argv) {
     spill(dir, "c", c.data(), c.size() * 4);
     return 0;
   }
+  if (std::string(argv[1]) == "lstm") {  // lstm DIR T B H REVERSE
+    const long T = std::atol(argv[3]), B = std::atol(argv[4]), H = std::atol(argv[5]);
+    auto g = slurp(dir, "g"), wt = slurp(dir, "wt"), h = slurp(dir, "h"), c = slurp(dir, "c");
+    std::vector<float> out(T * B * H);
+    sf_lstm((float*)g.data(), (float*)wt.data(), (float*)h.data(), (float*)c.data(), out.data(), H, T, B, H,
+            std::atol(argv[6]));
+    spill(dir, "out", out.data(), out.size() * 4);
+    spill(dir, "hn", h.data(), B * H * 4);
+    spill(dir, "cn", c.data(), B * H * 4);
+    return 0;
+  }
   // KERNEL DIR OUT_BYTES SYM...: the kernel's buffers from DIR/<name>.bin, in signature order
   std::vector<int64_t> sym;
   for (int i = 4; i < argc; ++i) sym.push_back(std::atol(argv[i]));
@@ -122,7 +134,7 @@ def program(request, tmp_path_factory):
             f'    spill(dir, "out", out.data(), std::atol(argv[3]));\n    return 0;\n  }}'
         )
     source = gen.source.replace("#include <memory>", "#include <memory>\n#include <string>", 1)
-    source += HARNESS.replace("@CALLS@", "\n".join(calls))
+    source += LSTM_SOURCE + HARNESS.replace("@CALLS@", "\n".join(calls))
     d = tmp_path_factory.mktemp(request.param)
     src, exe = d / "kernels.cpp", d / "kernels"
     src.write_text(source)
@@ -161,6 +173,29 @@ def test_row_gemm(program, tmp_path):
                 assert torch.allclose(got, want, rtol=1e-4, atol=1e-5), (m, n, k, name, split)
             else:  # relative to the output's scale: sums of hundreds of products round apart
                 assert (got - want).abs().max() <= 1e-4 * want.abs().max() + 1e-5, (m, n, k, name, split)
+
+
+def test_lstm_recurrence(program, tmp_path):
+    """Hidden sizes that take the four-vector blocks, single vectors and the scalar tail of
+    every target, forwards and backwards, against the LSTM step written in torch."""
+    import numpy as np
+
+    run = program[0]
+    gen = torch.Generator().manual_seed(0)
+    for t, b, h, reverse in [(1, 1, 7, 0), (5, 2, 40, 1), (9, 3, 70, 0), (4, 1, 64, 1)]:
+        g, w = torch.randn(t, b, 4 * h, generator=gen), torch.randn(4 * h, h, generator=gen) / h**0.5
+        h0, c0 = torch.randn(b, h, generator=gen), torch.randn(b, h, generator=gen)
+        for name, x in [("g", g), ("wt", w.t().contiguous()), ("h", h0), ("c", c0)]:
+            x.numpy().tofile(tmp_path / f"{name}.bin")
+        run("lstm", tmp_path, t, b, h, reverse)
+        hs, cs, want = h0, c0, torch.empty(t, b, h)
+        for step in reversed(range(t)) if reverse else range(t):
+            i, f, cand, o = (g[step] + hs @ w.t()).chunk(4, dim=1)
+            cs = torch.sigmoid(f) * cs + torch.sigmoid(i) * torch.tanh(cand)
+            hs = want[step] = torch.sigmoid(o) * torch.tanh(cs)
+        for name, ref in [("out", want), ("hn", hs), ("cn", cs)]:
+            got = torch.from_numpy(np.fromfile(tmp_path / f"{name}.bin", dtype="float32")).view(ref.shape)
+            assert torch.allclose(got, ref, rtol=1e-4, atol=1e-5), (t, b, h, reverse, name)
 
 
 def test_merged_attention(program, tmp_path):

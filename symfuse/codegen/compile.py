@@ -23,6 +23,7 @@ from symfuse.codegen.cpu.c import CodegenError, preamble
 from symfuse.codegen.cpu.calibrate import ROWS, Calibration, Threshold
 from symfuse.codegen.cpu.gemm import BF16_MULTIPLY, Tile, gemm_source, has_bf16_rows, pack_panels, tile_for
 from symfuse.codegen.cpu.kernel import KernelSource, emit_kernel
+from symfuse.codegen.cpu.lstm import LSTM_SOURCE
 from symfuse.codegen.cpu.target import Target, detect
 from symfuse.codegen.host import HostCode, generate_host, opaque_functions
 from symfuse.codegen.precision import PRECISIONS, cast_boundary, cpu_bf16_missing, half_storage, stored
@@ -176,7 +177,7 @@ def generate(
     merged = any(isinstance(st, AttentionStep) and st.name in kernels for st in sched.steps)
     gemm = gemm_source(tile, bf16, multiply) if host.panels or merged else ""
     own = "\n\n".join(k.source for k in kernels.values() if not k.function)
-    source = preamble(target) + gemm + "\n" + own + "\n"
+    source = preamble(target) + gemm + (LSTM_SOURCE if host.lstm else "") + "\n" + own + "\n"
     return Generated(prog, fp, sched, kernels, gathers, host, source, tile, symbols)
 
 

@@ -47,6 +47,7 @@ class HostCode:
     step_thresholds: dict[str, str] = field(default_factory=dict)  # step -> the threshold it reads
     precision: str = "fp32"  # bf16: float32 buffers and constants are stored in bfloat16
     bf16_multiply: Threshold | None = None  # how the bf16 row kernel multiplies (gemm.BF16_MULTIPLY)
+    lstm: bool = False  # an LSTM runs on the library's recurrence (codegen/cpu/lstm.py)
 
 
 class _Host:
@@ -256,7 +257,11 @@ class _Host:
             packed = opdef.pack(args)
             args = [f"[{', '.join(a)}]" if isinstance(a, list) else a for a in packed]
         outs = ", ".join(f"t_{v.name}" for v in n.outputs)
-        lines = [f"{outs} = {fn}[0]({', '.join(args)}, **{fn}[1](b))"]
+        call = f"{fn}[0]"
+        if n.op == "lstm" and n.inputs[0].type.dtype is DType.float32:  # the library's recurrence
+            self.code.lstm = True
+            call, args = "lstm", ["k.sf_lstm", *args]
+        lines = [f"{outs} = {call}({', '.join(args)}, **{fn}[1](b))"]
         lines += [f"t_{v.name} = t_{v.name}.contiguous()" for v in n.outputs]
         return lines
 
@@ -404,7 +409,7 @@ def _is_compute(line: str) -> bool:
     starts = ("k.", "te_", "matmul(", "launch(", "if ", "else:")
     if ".copy_(sdpa(" in line:
         return True
-    calls = (" = linear(", " = conv(", " = op_", " = activation(", " = in_layout(sdpa(", "+=")
+    calls = (" = linear(", " = conv(", " = op_", " = lstm(", " = activation(", " = in_layout(sdpa(", "+=")
     return line.startswith(starts) or any(c in line for c in calls)
 
 

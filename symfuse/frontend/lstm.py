@@ -51,15 +51,24 @@ class _CapturedLSTM(torch.nn.Module):
             raise NotImplementedError("symfuse does not support LSTM with proj_size yet")
         self.inner = lstm
 
-    def forward(self, x, hx=None):
+    def forward(self, input, hx=None):  # noqa: A002 (nn.LSTM's names: a model that is an LSTM keeps its inputs' names)
         m = self.inner
-        if x.dim() != 3:
+        if input.dim() != 3:
             raise NotImplementedError("symfuse captures batched (3-D) LSTM input only")
         h0, c0 = hx if hx is not None else (None, None)
         out, h, c = torch.ops.symfuse.lstm(
-            x, h0, c0, list(m._flat_weights), m.num_layers, m.bidirectional, m.batch_first, m.bias, m.hidden_size
+            input, h0, c0, list(m._flat_weights), m.num_layers, m.bidirectional, m.batch_first, m.bias, m.hidden_size
         )
         return out, (h, c)
+
+
+def as_root(model: torch.nn.Module) -> torch.nn.Module:
+    """A model that is itself an nn.LSTM, wrapped so that capture sees the custom op (the
+    swap below replaces LSTMs inside a model, where a parent holds them)."""
+    if type(model) is not torch.nn.LSTM:
+        return model
+    wrapped = _CapturedLSTM(model)
+    return wrapped.train(model.training)
 
 
 @contextlib.contextmanager
@@ -69,7 +78,7 @@ def lstms_as_custom_op(model: torch.nn.Module) -> Iterator[None]:
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if type(child) is torch.nn.LSTM
+        if type(child) is torch.nn.LSTM and not isinstance(parent, _CapturedLSTM)
     ]
     for parent, name, child in swapped:
         setattr(parent, name, _CapturedLSTM(child))

@@ -245,6 +245,7 @@ def _grow_size_one(inputs: dict[str, Any], decls: dict[str, dict[int, DimDecl]])
 
 def capture(model: torch.nn.Module, example_inputs: Any, dynamic: Any = None) -> Captured:
     t0 = time.perf_counter()
+    model = _lstm.as_root(model)
     if isinstance(example_inputs, dict):
         args, kwargs = (), dict(example_inputs)
     elif isinstance(example_inputs, (tuple, list)):

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from symfuse.runtime.call import MAX_ARGS
+from symfuse.runtime.lstm import run_lstm
 
 DIV_BY_ZERO = -(2**63)  # the extent that marks an integer division by zero in the error slot (c.py)
 
@@ -104,6 +105,10 @@ class Program(HostProgram):
         for name in ("sf_linear_rows", "sf_linear_rows_split", "sf_linear_rows_bf16", "sf_linear_rows_bf16_split"):
             if hasattr(lib, name):
                 setattr(ks, name, linear_rows(lib, name))
+        if hasattr(lib, "sf_lstm"):  # (G, W_hh, h, c, out, ld_out, T, B, H, reverse)
+            lib.sf_lstm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5
+            lib.sf_lstm.restype = None
+            ks.sf_lstm = lib.sf_lstm
         if caller is not None:  # the same functions, called with less overhead (all take integers)
             for name, f in list(vars(ks).items()):
                 if len(f.argtypes) <= MAX_ARGS:
@@ -133,6 +138,7 @@ class Program(HostProgram):
             "matmul": torch.matmul,
             "conv": _portable(torch.ops.mkldnn._convolution_pointwise),
             "sdpa": torch.nn.functional.scaled_dot_product_attention,
+            "lstm": run_lstm,
             "torch": torch,
             "now": time.perf_counter,
             **tensors,

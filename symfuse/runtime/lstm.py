@@ -1,0 +1,54 @@
+"""A multi-layer LSTM on the library's recurrence (`codegen/cpu/lstm.py`), float32.
+
+Per layer and direction: the input projection of every step is one GEMM here (x W_ih^T plus
+both biases), then one call runs the steps. A bidirectional layer's two directions write
+the two halves of its output's features; the next layer reads that output.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+# W_hh transposed ([H, 4H]: the recurrence broadcasts h over its rows), made once per weight
+# tensor (a program's constant) and dropped with it
+_TRANSPOSED: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+
+
+def _transposed(w: torch.Tensor) -> torch.Tensor:
+    held = _TRANSPOSED.get(id(w))
+    if held is None or held[0]() is not w:
+        key = id(w)
+        held = _TRANSPOSED[key] = (weakref.ref(w, lambda _: _TRANSPOSED.pop(key, None)), w.t().contiguous())
+    return held[1]
+
+
+def run_lstm(recurrence, x, h0, c0, params, num_layers, bidirectional, batch_first, has_biases, hidden_size):
+    """(output, h_n, c_n) as `torch.lstm` returns them (no dropout: inference). Tensors other
+    than float32 (a bf16 program stores its weights in bf16) go through torch's LSTM."""
+    if any(t is not None and t.dtype != torch.float32 for t in (x, h0, c0, *params)):
+        from symfuse import ops
+
+        return ops.get("lstm").ref(x, h0, c0, params, num_layers, bidirectional, batch_first, has_biases, hidden_size)
+    dirs = 2 if bidirectional else 1
+    seq = x.transpose(0, 1) if batch_first else x  # time-major [T, B, features]
+    t, b = seq.shape[0], seq.shape[1]
+    hn = (h0.clone() if h0 is not None else x.new_zeros(num_layers * dirs, b, hidden_size)).contiguous()
+    cn = (c0.clone() if c0 is not None else x.new_zeros(num_layers * dirs, b, hidden_size)).contiguous()
+    per = 4 if has_biases else 2
+    layer_in = seq.contiguous()
+    for layer in range(num_layers):
+        out = x.new_empty(t, b, dirs * hidden_size)
+        for d in range(dirs):
+            w_ih, w_hh, *biases = params[(layer * dirs + d) * per : (layer * dirs + d + 1) * per]
+            rows = layer_in.reshape(t * b, layer_in.shape[-1])
+            gates = torch.addmm(biases[0] + biases[1], rows, w_ih.t()) if biases else rows @ w_ih.t()
+            w_hh = _transposed(w_hh)
+            k = layer * dirs + d
+            recurrence(
+                gates.data_ptr(), w_hh.data_ptr(), hn[k].data_ptr(), cn[k].data_ptr(),
+                out.data_ptr() + d * hidden_size * out.element_size(), dirs * hidden_size, t, b, hidden_size, d,
+            )  # fmt: skip
+        layer_in = out
+    return (layer_in.transpose(0, 1).contiguous() if batch_first else layer_in), hn, cn
