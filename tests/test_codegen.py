@@ -469,7 +469,7 @@ class _LSTMWithState(torch.nn.Module):
 def test_lstm_runs_the_library_recurrence_at_every_length(cfg, seeded, tmp_path):
     """An LSTM runs on the library's recurrence (one call per layer and direction, not
     torch's ops at every step): outputs and final states match eager, with and without an
-    initial state, at lengths 1 to 33 from one compile."""
+    initial state, at lengths 1 to 33 and batches 1 to 5 from one compile."""
     lstm = torch.nn.LSTM(**cfg).eval()
     first = cfg.get("batch_first", False)
     states = cfg["num_layers"] * (2 if cfg.get("bidirectional") else 1)
@@ -485,7 +485,7 @@ def test_lstm_runs_the_library_recurrence_at_every_length(cfg, seeded, tmp_path)
     c0 = symfuse.compile(lstm, (make(2, 5)[0],), (seq,), cache_dir=str(tmp_path))
     for compiled in (c, c0):
         assert "lstm(k.sf_lstm" in compiled.native.program.source
-    for b, t in [(1, 1), (1, 16), (3, 7), (2, 33)]:
+    for b, t in [(1, 1), (1, 16), (3, 7), (2, 33), (5, 9)]:  # batch rows one by one and four at once
         x, h, cell = make(b, t)
         for got, want in [(c(x, h, cell), with_state(x, h, cell)), (c0(x), lstm(x))]:
             for g, w in zip([got[0], *got[1]], [want[0], *want[1]]):

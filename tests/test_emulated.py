@@ -182,7 +182,7 @@ def test_lstm_recurrence(program, tmp_path):
 
     run = program[0]
     gen = torch.Generator().manual_seed(0)
-    for t, b, h, reverse in [(1, 1, 7, 0), (5, 2, 40, 1), (9, 3, 70, 0), (4, 1, 64, 1)]:
+    for t, b, h, reverse in [(1, 1, 7, 0), (5, 2, 40, 1), (9, 3, 70, 0), (4, 1, 64, 1), (3, 6, 21, 0)]:
         g, w = torch.randn(t, b, 4 * h, generator=gen), torch.randn(4 * h, h, generator=gen) / h**0.5
         h0, c0 = torch.randn(b, h, generator=gen), torch.randn(b, h, generator=gen)
         for name, x in [("g", g), ("wt", w.t().contiguous()), ("h", h0), ("c", c0)]:
