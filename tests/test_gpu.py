@@ -77,6 +77,17 @@ class Embed(torch.nn.Module):
         return self.emb(ids) * 2 + 1
 
 
+class Pools(torch.nn.Module):  # reductions over windows, padding read as -inf or 0
+    def forward(self, z):
+        return (
+            F.max_pool2d(z, 3, 2, 1),
+            F.max_pool2d(z, (2, 3), 1, (1, 0), dilation=(1, 2)),
+            F.avg_pool2d(z, 3, 2, 1, count_include_pad=False),
+            F.adaptive_avg_pool2d(z, (3, 5)),
+            F.adaptive_avg_pool2d(z, 1),
+        )
+
+
 def _run(model, make, dyn, **kw):
     model.eval()
     torch.manual_seed(0)
@@ -122,6 +133,11 @@ def test_concat_reads_each_side_only_where_taken():
             "y": {0: torch.export.Dim("B"), 1: torch.export.Dim("T")},
         },
     )
+
+
+def test_pools_at_odd_sizes():
+    dims = {0: torch.export.Dim("B"), 2: torch.export.Dim("H"), 3: torch.export.Dim("W")}
+    _run(Pools(), lambda b, s: (torch.randn(b, 3, s + 6, 2 * s + 5),), {"z": dims})
 
 
 def test_integer_arithmetic_compares_and_powers():
