@@ -7,6 +7,7 @@ permute, a slice and a reshape collapse into one load (vertical composition).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import sympy
@@ -386,6 +387,19 @@ def batch_norm_rule(lw, node, x, weight, bias, mean, var, eps):
     return body
 
 
+def _all(conds: list[Call]) -> Call:
+    """The conjunction of `conds`, left to right."""
+    return functools.reduce(lambda a, b: Call("logical_and", (a, b), DType.bool), conds)
+
+
+def _inside(positions, sides) -> Call:
+    """Whether every position lies in [0, its side): a window's read inside the input, not in
+    its padding (a convolution's and a pooling's)."""
+    zero = sympy.Integer(0)
+    return _all([Call(f, (Index(i, DType.int64), Index(b, DType.int64)), DType.bool)
+                 for i, side in zip(positions, sides) for f, b in (("ge", zero), ("lt", side))])  # fmt: skip
+
+
 def conv2d_rule(lw, node, x, weight, bias, stride, padding, dilation, groups):
     """A contraction over input channels and the window; padding reads as 0. The library
     convolution reads its input and weight whole, so a composed layout of either (a weight
@@ -406,12 +420,7 @@ def conv2d_rule(lw, node, x, weight, bias, stride, padding, dilation, groups):
         iw = ow * stride[1] + rw * dilation[1] - padding[1]
         v = x((n, c, ih, iw))
         if padding[0] or padding[1]:
-            inside = [Call(f, (Index(i, DType.int64), Index(b, DType.int64)), DType.bool)
-                      for i, lim in ((ih, h), (iw, w)) for f, b in (("ge", sympy.Integer(0)), ("lt", lim))]  # fmt: skip
-            cond = inside[0]
-            for more in inside[1:]:
-                cond = Call("logical_and", (cond, more), DType.bool)
-            v = Call("where", (cond, v, Const(0.0, dt)), dt)
+            v = Call("where", (_inside((ih, iw), (h, w)), v, Const(0.0, dt)), dt)
         extents = ((rc, group_c), (rh, kh), (rw, kw))
         acc = Reduce("sum", Call("mul", (v, weight((o, rc, rh, rw))), dt), extents, dt)
         return Call("add", (acc, bias((o,))), dt) if bias is not None else acc
@@ -431,12 +440,7 @@ def _window(x, in_shape, idx, taps, stride, padding, dilation, fill, dt):
     if not any(padding):
         return x(tuple(lead) + tuple(pos))
     clamped = tuple(sympy.Min(sympy.Max(i, 0), side - 1) for i, side in zip(pos, sides))
-    cond = None
-    for i, side in zip(pos, sides):
-        for f, bound in (("ge", sympy.Integer(0)), ("lt", side)):
-            c = Call(f, (Index(i, DType.int64), Index(bound, DType.int64)), DType.bool)
-            cond = c if cond is None else Call("logical_and", (cond, c), DType.bool)
-    return Call("where", (cond, x(tuple(lead) + clamped), Const(fill, dt)), dt)
+    return Call("where", (_inside(pos, sides), x(tuple(lead) + clamped), Const(fill, dt)), dt)
 
 
 def max_pool2d_rule(lw, node, x, kernel_size, stride, padding, dilation):
@@ -486,7 +490,7 @@ def adaptive_avg_pool2d_rule(lw, node, x, output_size):
     taps = tuple(reduce_axis(name, i) for i in range(2))
 
     def body(idx):
-        lead, pos, extents, count, cond = idx[:-2], [], [], sympy.Integer(1), None
+        lead, pos, extents, count, conds = idx[:-2], [], [], sympy.Integer(1), []
         for o, t, out, side in zip(idx[-2:], taps, output_size, in_shape[-2:]):
             if out == 1:
                 pos.append(t)
@@ -497,11 +501,10 @@ def adaptive_avg_pool2d_rule(lw, node, x, output_size):
             pos.append(sympy.Min(start + t, side - 1))
             extents.append((t, floordiv(side + out - 1, out) + 1))  # the longest window
             count = count * (end - start)
-            c = Call("lt", (Index(start + t, DType.int64), Index(end, DType.int64)), DType.bool)
-            cond = c if cond is None else Call("logical_and", (cond, c), DType.bool)
+            conds.append(Call("lt", (Index(start + t, DType.int64), Index(end, DType.int64)), DType.bool))
         v = Call("cast", (x(tuple(lead) + tuple(pos)),), dt)
-        if cond is not None:
-            v = Call("where", (cond, v, Const(0.0, dt)), dt)
+        if conds:
+            v = Call("where", (_all(conds), v, Const(0.0, dt)), dt)
         return Call("div", (Reduce("sum", v, tuple(extents), dt), Index(count, DType.int64)), dt)
 
     return body
