@@ -16,6 +16,7 @@ from symfuse.schedule.layout import address, affine, fold_div_mod, reorder_for
 from symfuse.schedule.steps import NativeStep, OpaqueStep
 from tests.conftest import rel_err
 from tests.fusion_checks import assert_explain_per_layer
+from tests.test_isa import RUNNABLE
 from tests.test_ops import BINDINGS, CASES, one_op_graph
 
 LOWERED = sorted(name for name, op in ops.REGISTRY.items() if op.lower is not None)
@@ -446,6 +447,66 @@ def test_pools_are_generated_kernels_at_every_size(seeded, tmp_path):
         loops = src.source.split("#pragma omp for", 1)[-1]
         for args in re.findall(r"sf_floordiv<int64_t>\(((?:[^()]|\((?:[^()]|\([^()]*\))*\))*)\)", loops):
             assert re.search(r"\b(i\d|r\d+_\w+)", args), (name, args)  # a division in the loops involves a loop
+
+
+class ConvBlocks(torch.nn.Module):
+    """Convolutions (a stem on the input, a depthwise one, a strided 1x1) with the kernels
+    between them, and values that leave the program: a convolution's own result, a kernel's
+    result computed from a channels-last buffer, a linear head on a pooled vector."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.a = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.down = nn.Conv2d(16, 24, 1, stride=2)
+        self.side = nn.Conv2d(3, 8, 3, padding=1)
+        self.head = nn.Linear(24, 5)
+
+    def forward(self, x):
+        F = torch.nn.functional
+        y = F.max_pool2d(torch.relu(self.stem(x)), 2)
+        y = torch.relu(y + self.dw(torch.relu(self.a(y))))
+        z = torch.relu(self.down(y))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(z, 1), 1)), z * 2, self.side(x)
+
+
+@pytest.mark.parametrize("isa", RUNNABLE)
+def test_convolutions_keep_their_activations_channels_last(isa, seeded, tmp_path):
+    """The buffers convolutions read and write are stored channels-last (oneDNN's fast path)
+    and so is a pool or residual add between them, whose kernel then loops over channels
+    innermost; what leaves the program is in torch's layout, and every ISA's kernels match
+    eager at odd sizes from one compile."""
+    from symfuse.schedule.channels_last import NHWC
+    from symfuse.schedule.layout import row_major
+    from symfuse.schedule.steps import GemmStep
+
+    m = ConvBlocks().eval()
+    before = symfuse.compile_count()
+    c = symfuse.compile(m, (torch.randn(2, 3, 12, 12),), ({0: "B", 2: "H", 3: "W"},), cache_dir=str(tmp_path), isa=isa)
+    for shape in [(1, 3, 2, 3), (2, 3, 7, 5), (1, 3, 16, 16), (3, 3, 13, 31)]:
+        x = torch.randn(shape)
+        for k, (got, want) in enumerate(zip(c(x), m(x))):
+            assert got.shape == want.shape and got.is_contiguous(), (k, shape)
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (k, shape)
+    assert symfuse.compile_count() == before + 1
+    sched = c.native.schedule
+    nhwc = {n for n, b in sched.buffers.items() if len(b.shape) == 4 and b.strides == row_major(b.shape, NHWC)}
+    convs = [s for s in sched.steps if isinstance(s, GemmStep) and s.conv is not None]
+    assert len(convs) == 5
+    outputs = set(sched.outputs)
+    for st in convs:  # around every convolution, except a program input or output
+        assert {st.a.buffer, st.out} - outputs - {v.name for v in sched.graph.inputs} <= nhwc, st.anchor
+    assert not nhwc & outputs
+    looped = [s for s in sched.steps if isinstance(s, NativeStep) and s.order == NHWC]
+    looped += [s.epilogue for s in convs if s.epilogue is not None and s.epilogue.order == NHWC]
+    assert {"max_pool2d"} <= {o for s in looped for o in s.outputs}
+    for st in looped:  # channels innermost: the vectorised loop runs over a constant channel count
+        assert re.search(r"for \(int64_t i3 = 0; i3 < (16|24);", c.native.kernels[st.name].source), st.name
+    weights = [v for k, v in c.native.program._ns.items() if k.startswith("cl_")]
+    assert len(weights) == 5 and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights)
+    assert "is stored channels-last" in c.explain(with_graph=False)
 
 
 class _LSTMWithState(torch.nn.Module):

@@ -32,6 +32,7 @@ from symfuse.ir.graph import Graph, print_graph
 from symfuse.options import Options, library_kind
 from symfuse.runtime.program import OneDNNWeights, Program
 from symfuse.schedule.attention import AttentionStep, find_step, merge_attention
+from symfuse.schedule.channels_last import channels_last
 from symfuse.schedule.steps import GemmStep, NativeStep, Schedule
 from symfuse.schedule.steps import build as build_schedule
 from symfuse.shape.store import ShapeStore
@@ -139,7 +140,7 @@ def generate(
     prog = lower(graph)
     analysis = analyse(prog)
     fp = plan(prog, analysis, store)
-    sched = merge_attention(build_schedule(prog, analysis, fp))
+    sched = channels_last(merge_attention(build_schedule(prog, analysis, fp)))
     storage = half_storage(sched, PRECISIONS[precision])
     symbols = list(store.symbols)
     natives = native_steps(sched)
@@ -274,7 +275,11 @@ def link(
 ) -> Program:
     """Put a built library, its host code and the tensors it reads together: constants by value
     name, the row kernel's packed panels; oneDNN's copies are made at first use."""
-    tensors = {k: stored(consts[v], host.precision).contiguous() for k, v in host.constants.items()}
+    layout = {k: torch.channels_last for k in host.channels_last}
+    tensors = {
+        k: stored(consts[v], host.precision).contiguous(memory_format=layout.get(k, torch.contiguous_format))
+        for k, v in host.constants.items()
+    }
     tensors.update(panels)
     tensors["W"] = OneDNNWeights({k: stored(consts[v], host.precision) for k, v in host.packed.items()})
 

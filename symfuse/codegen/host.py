@@ -25,7 +25,8 @@ from symfuse.ir.dtypes import DType
 from symfuse.options import library_kind, split_kind
 from symfuse.reference import attr_evaluator
 from symfuse.schedule.attention import AttentionStep
-from symfuse.schedule.layout import View, as_matrix
+from symfuse.schedule.channels_last import NHWC
+from symfuse.schedule.layout import View, as_matrix, row_major
 from symfuse.schedule.memory import MemoryPlan, aligned, plan_memory
 from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep, Schedule
 from symfuse.te.analysis import loads
@@ -48,6 +49,7 @@ class HostCode:
     precision: str = "fp32"  # bf16: float32 buffers and constants are stored in bfloat16
     bf16_multiply: Threshold | None = None  # how the bf16 row kernel multiplies (gemm.BF16_MULTIPLY)
     lstm: bool = False  # an LSTM runs on the library's recurrence (codegen/cpu/lstm.py)
+    channels_last: tuple[str, ...] = ()  # constants kept channels-last (convolution weights)
 
 
 class _Host:
@@ -196,9 +198,16 @@ class _Host:
             attr, algo = st.postop or ("none", "")
             pad, stride, dil, groups = st.conv
             x, w = self.ref(st.a.buffer), self.ref(st.b.buffer)
+            if st.b.buffer in self.const:  # kept channels-last: oneDNN's NHWC path (channels_last.py)
+                w = f"cl_{st.b.buffer}"
+                self.code.constants[w] = st.b.buffer
+                self.code.channels_last = tuple(sorted({*self.code.channels_last, w}))
             bias = self.ref(st.bias) if st.bias else "None"
             call = f"conv({x}, {w}, {bias}, {list(pad)}, {list(stride)}, {list(dil)}, {groups}, {attr!r}, [], {algo!r})"
-            out.append(f"t_{st.out} = {call}.contiguous()")
+            b = self.s.buffers[st.out]
+            nhwc = len(b.shape) == 4 and tuple(b.strides) == row_major(b.shape, NHWC)
+            layout = "memory_format=torch.channels_last" if nhwc else ""
+            out.append(f"t_{st.out} = {call}.contiguous({layout})")
         else:
             out += self.batched(st)
         if st.epilogue is not None:
@@ -389,6 +398,8 @@ def torch_kernel(st: NativeStep):
 
     def run(env: dict, b: dict) -> None:
         env = dict(env)
+        if st.order is not None:  # its members' dims run in that order (channels_last.py)
+            env.update({n: env[n].permute(st.order) for n in st.outputs})
         for name, g in st.inline.items():
             env.setdefault(name, run_te(g, env, b))
         for m in st.members:

@@ -49,6 +49,9 @@ class NativeStep:
     members: list[TE]
     outputs: list[str]  # members written to buffers
     inline: dict[str, TE] = field(default_factory=dict)  # generators substituted into loads
+    # the members' dims are their outputs' dims in this order (channels_last.py: (0, 2, 3, 1)
+    # loops over C innermost); their buffers are indexed in it too. None: as the graph has them
+    order: tuple[int, ...] | None = None
 
     @property
     def rows(self) -> tuple[Dim, ...]:

@@ -23,6 +23,7 @@ from symfuse.codegen.cpu.c import CTYPE, STORAGE, CodegenError, cidx, literal
 from symfuse.ir.dims import Dim, dim, fmt_shape
 from symfuse.ir.dtypes import DType
 from symfuse.ops.elementwise import LIBM_BINARY, LIBM_UNARY
+from symfuse.schedule.channels_last import in_step_order
 from symfuse.schedule.layout import address
 from symfuse.schedule.steps import Buffer, NativeStep
 from symfuse.te.analysis import (
@@ -355,6 +356,8 @@ class _Emitter:
             f"// {st.name} [{st.kind}]: {', '.join(m.name for m in st.members)}",
             f"//   rows {fmt_shape(rows)}; writes {', '.join(f'{n}{fmt_shape(self.buffers[n].shape)}' for n in outs)}",
         ]
+        if st.order is not None:
+            header.append(f"//   loops over its outputs' dims in the order {st.order}, the order they are stored in")
         header += [f"//   {m.name}{fmt_shape(m.shape)} = {fmt_short(m.body)}" for m in st.members]
         self.line("\n".join(header))
         self.line(f'extern "C" void {st.name}({", ".join(sig)}) {{')
@@ -469,6 +472,8 @@ def _reads_memory(s: Scalar) -> bool:
 def emit_kernel(step: NativeStep, buffers: dict[str, Buffer], symbols: list[str], gathers: list[str]) -> KernelSource:
     """C++ for `step`; every gather it performs is described in `gathers` (its index there
     is what the kernel reports when an index is out of range)."""
+    if step.order is not None:  # its outputs indexed in its loop order
+        buffers = {**buffers, **{n: in_step_order(buffers[n], step.order) for n in step.outputs}}
     return _Emitter(step, buffers, symbols, gathers).emit()
 
 
