@@ -30,7 +30,7 @@ from symfuse.codegen.precision import PRECISIONS, cast_boundary, cpu_bf16_missin
 from symfuse.fusion.plan import Plan, plan
 from symfuse.ir.graph import Graph, print_graph
 from symfuse.options import Options, library_kind
-from symfuse.runtime.program import OneDNNWeights, Program
+from symfuse.runtime.program import ConvWeights, OneDNNWeights, Program
 from symfuse.schedule.attention import AttentionStep, find_step, merge_attention
 from symfuse.schedule.channels_last import channels_last
 from symfuse.schedule.steps import GemmStep, NativeStep, Schedule
@@ -281,6 +281,7 @@ def link(
         for k, v in host.constants.items()
     }
     tensors.update(panels)
+    tensors["conv_weight"] = ConvWeights({k: tensors[k] for k in host.channels_last})
     tensors["W"] = OneDNNWeights({k: stored(consts[v], host.precision) for k, v in host.packed.items()})
 
     def describe(i: int) -> str:

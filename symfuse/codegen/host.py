@@ -198,10 +198,11 @@ class _Host:
             attr, algo = st.postop or ("none", "")
             pad, stride, dil, groups = st.conv
             x, w = self.ref(st.a.buffer), self.ref(st.b.buffer)
-            if st.b.buffer in self.const:  # kept channels-last: oneDNN's NHWC path (channels_last.py)
-                w = f"cl_{st.b.buffer}"
-                self.code.constants[w] = st.b.buffer
-                self.code.channels_last = tuple(sorted({*self.code.channels_last, w}))
+            if st.b.buffer in self.const:  # channels-last (oneDNN's NHWC path), in oneDNN's layout from the first call
+                name = f"cl_{st.b.buffer}"
+                self.code.constants[name] = st.b.buffer
+                self.code.channels_last = tuple(sorted({*self.code.channels_last, name}))
+                w = f"conv_weight({name!r}, {x}, {list(pad)}, {list(stride)}, {list(dil)}, {groups})"
             bias = self.ref(st.bias) if st.bias else "None"
             call = f"conv({x}, {w}, {bias}, {list(pad)}, {list(stride)}, {list(dil)}, {groups}, {attr!r}, [], {algo!r})"
             b = self.s.buffers[st.out]

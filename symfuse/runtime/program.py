@@ -292,6 +292,26 @@ def _view(t: torch.Tensor, sizes: tuple, strides: tuple, offset: int) -> torch.T
     return t.as_strided(sizes, strides, t.storage_offset() + offset)
 
 
+class ConvWeights:
+    """Convolution weights in oneDNN's blocked layout, each reordered at its first call, for that
+    call's input size (another size still runs: oneDNN then reorders it as it does a plain
+    weight). A plain weight is reordered inside every call: 10-17 us a convolution at any size
+    (docs/benchmarks.md)."""
+
+    def __init__(self, plain: dict[str, torch.Tensor]) -> None:
+        self.plain, self.packed = plain, {}
+
+    def __call__(self, name: str, x: torch.Tensor, padding: list, stride: list, dilation: list, groups: int):
+        w = self.packed.get(name)
+        if w is None:  # two threads may both reorder: same result
+            w = self.plain[name]
+            if not onednn_lacks(w.dtype):
+                reorder = torch.ops.mkldnn._reorder_convolution_weight
+                w = reorder(w, padding, stride, dilation, groups, list(x.shape))
+            self.packed[name] = w
+        return w
+
+
 class OneDNNWeights(dict):
     """Linear weights in oneDNN's blocked layout, each reordered at its first use (`W[name]` in
     the host code): calls that all stay under a layer's switch point to symfuse's row kernel
