@@ -61,3 +61,33 @@ def test_generators_of_generators_are_computed_where_they_are_read():
         xs = torch.randn(b, s)
         assert rel_err(c(xs), m(xs)) < 1e-5, (b, s)
     assert symfuse.compile_count() == count
+
+
+def test_t5s_position_bias_is_computed_once_and_every_attention_merges(tmp_path):
+    """An exported T5 encoder recomputes its position bias (buckets through a logarithm, a
+    gather from the bias table, the padding mask) in every layer: the copies are merged into
+    one value, which a kernel of its own computes once before the first layer's scores; every
+    layer's attention stays one merged kernel that reads it."""
+    from symfuse.models import t5_encoder
+    from symfuse.schedule.attention import AttentionStep
+    from symfuse.schedule.steps import NativeStep
+
+    case = t5_encoder(layers=3, hidden=64, heads=2, ffn=128, name="t5-tiny")
+    c = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic, cache_dir=str(tmp_path))
+    sched = c.native.schedule
+    table = next(v.name for v in c.graph.constants if "relative_attention_bias" in v.name)
+    readers = [
+        s
+        for s in sched.steps
+        if isinstance(s, NativeStep)
+        and table in {ld.tensor for m in s.members for ld in loads_through(m.body, s.inline)}
+    ]
+    assert [s.name.endswith("_apart") for s in readers] == [True]
+    attention = [s for s in sched.steps if isinstance(s, AttentionStep)]
+    assert len(attention) == 3 and all(s.name in c.native.kernels for s in attention)
+    count = symfuse.compile_count()
+    for b, s in [(1, 1), (2, 7), (1, 16), (2, 33)]:
+        inputs = case.inputs(B=b, S=s)
+        with torch.no_grad():
+            assert rel_err(c(**inputs), case.model(**inputs)) < 1e-4, (b, s)
+    assert symfuse.compile_count() == count

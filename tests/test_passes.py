@@ -92,6 +92,38 @@ def test_merge_parallel_linears_keeps_semantics():
             assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_common_subexpressions_are_computed_once():
+    """The same op on the same inputs with the same attributes is one node (each layer of an
+    exported T5 recomputes its position bias); other attributes, other inputs, and a value
+    returned twice stay correct."""
+    from symfuse.passes import merge_common_subexpressions
+
+    b = GraphBuilder("cse")
+    b.store.declare("S")
+    x = b.input("x", (S, 8), DType.float32)
+    y = b.input("y", (S, 8), DType.float32)
+    (e1,) = b.add("exp", [x])
+    (e2,) = b.add("exp", [x])  # the same: merged
+    (e3,) = b.add("exp", [y])  # another input
+    (s1,) = b.add("sum", [e1], {"dims": (1,), "keepdim": True, "dtype": None})
+    (s2,) = b.add("sum", [e2], {"dims": (1,), "keepdim": True, "dtype": None})  # merged, once its input is
+    (s3,) = b.add("sum", [e2], {"dims": (1,), "keepdim": False, "dtype": None})  # another attribute
+    (a1,) = b.add("add", [e1, s1])
+    (a2,) = b.add("add", [e2, s2])  # merged through both inputs
+    g = b.finish([a1, a2, e3, s3])
+    g2 = merge_common_subexpressions(g, b.store)
+    verify(g2)
+    assert reinfer(g2, b.store) == []
+    assert sorted(n.op for n in g2.nodes) == ["add", "exp", "exp", "sum", "sum"]
+    assert g2.outputs[0] is g2.outputs[1]
+    before, after = ReferenceExecutor(g), ReferenceExecutor(g2)
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 5, 16):
+        ins = [torch.randn(n, 8, generator=gen), torch.randn(n, 8, generator=gen)]
+        for want, got in zip(before.run(dict(S=n), ins), after.run(dict(S=n), ins)):
+            assert want.shape == got.shape and torch.allclose(got, want, rtol=1e-6)
+
+
 def test_canonical_linears_keeps_semantics():
     """GPT-2's Conv1D: matmul by a constant [K, N] plus a constant bias becomes one linear;
     a matmul whose output is also read elsewhere keeps its add."""

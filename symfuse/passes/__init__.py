@@ -8,11 +8,13 @@ on the graph before and after a pass at several bindings.
 from symfuse.passes.algebra import fold_layout_chains, hoist_scales, recognise_gelu_tanh
 from symfuse.passes.attention import decompose_attention
 from symfuse.passes.batch_norm import fold_batch_norm
+from symfuse.passes.cse import merge_common_subexpressions
 from symfuse.passes.horizontal import merge_parallel_linears
 from symfuse.passes.linear import canonical_linears
 from symfuse.passes.rewrite import Rewriter
 
 PIPELINE = (
+    merge_common_subexpressions,
     fold_layout_chains,
     hoist_scales,
     recognise_gelu_tanh,
@@ -30,6 +32,7 @@ __all__ = [
     "fold_batch_norm",
     "fold_layout_chains",
     "hoist_scales",
+    "merge_common_subexpressions",
     "merge_parallel_linears",
     "recognise_gelu_tanh",
 ]

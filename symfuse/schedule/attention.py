@@ -156,7 +156,49 @@ def library_form(st: AttentionStep, sched: Schedule) -> LibraryForm | None:
     return LibraryForm(scale, mask)
 
 
+def _apart(a: Step, b: Step, c: Step) -> NativeStep | None:
+    """The members of a row kernel `b` between two batched GEMMs that it also stores for other
+    steps and that do not depend on the first GEMM's scores (T5's position bias, which every
+    layer reads), as a kernel of their own to run before the scores; `b` keeps the rest. None
+    when there are none."""
+    from symfuse.te.analysis import has_reduce, loads
+
+    if not (isinstance(a, GemmStep) and isinstance(b, NativeStep) and isinstance(c, GemmStep)):
+        return None
+    if a.op != "matmul" or c.op != "matmul" or c.a is None or c.a.buffer not in b.outputs or a.out not in _reads(b):
+        return None  # not scores -> row kernel -> probs @ v
+    extra = [n for n in b.outputs if n != c.a.buffer]
+    if not extra:
+        return None
+    by_name = {m.name: m for m in b.members}
+    needs: dict[str, set[str]] = {}  # a member -> the members it reads, transitively
+    for m in b.members:
+        direct = {ld.tensor for ld, _ in loads(m.body) if ld.tensor in by_name}
+        needs[m.name] = direct.union(*(needs[d] for d in direct))
+    apart = set(extra).union(*(needs[n] for n in extra))
+    if any(a.out in {ld.tensor for ld, _ in loads(by_name[n].body)} for n in apart):
+        return None  # computed from the scores: it stays in the row kernel
+    moved = [m for m in b.members if m.name in apart]
+    kept = [m for m in b.members if m.name not in set(extra)]
+    kind = "reduction" if any(has_reduce(m.body) for m in moved) else "loop"
+    b.members = [m for m in kept if m.name not in apart or any(m.name in needs[k.name] for k in kept)]
+    b.outputs = [n for n in b.outputs if n not in set(extra)]
+    return NativeStep(f"{b.name}_apart", kind, moved, extra, b.inline)
+
+
 def merge_attention(sched: Schedule) -> Schedule:
+    # a row kernel that also stores values computed without the scores gives them to a kernel
+    # of its own first (else it could not merge: the merged kernel stores only its output)
+    i = 0
+    while i + 2 < len(sched.steps):
+        pre = _apart(*sched.steps[i : i + 3])
+        if pre is not None:
+            sched.steps.insert(i, pre)
+            sched.notes.append(
+                f"{', '.join(pre.outputs)} computed apart from {sched.steps[i + 2].name}, before its scores"
+            )
+            i += 1
+        i += 1
     readers: dict[str, int] = {}
     for st in sched.steps:
         for name in _reads(st):
