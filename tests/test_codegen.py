@@ -131,6 +131,11 @@ def test_advanced_indexing_is_generated_code_with_python_semantics(tmp_path):
         c(x, torch.tensor([[5]]), torch.tensor([[0]]))
     with pytest.raises(IndexError, match=r"index -4 is out of range \[-3, 3\): cols indexing"):
         c(x, torch.tensor([[0]]), torch.tensor([[-4]]))
+    # an index that varies along a vectorised loop is checked without a branch (a reduction of
+    # the bad ones, reported after the loop): still an error, naming one of the bad indices
+    assert any("sf_index_from_end_v(" in k.source for k in c.native.kernels.values())
+    with pytest.raises(IndexError, match=r"index (-5|-7|6) is out of range \[-3, 3\): cols indexing"):
+        c(x, torch.tensor([[0]]), torch.tensor([[1], [-5], [-7], [6], [2]]))
 
 
 def test_out_of_range_token_is_a_clear_error_not_a_crash(tmp_path):
@@ -163,15 +168,15 @@ def test_explain_shows_the_executed_steps(tmp_path):
 
 def test_attention_versions_agree_with_eager(tmp_path):
     """BERT's attention is merged into one kernel up to a number of keys and runs as torch's
-    fused attention above; T5's (a position bias inside the row kernel) is merged up to its
-    switch point and runs as three steps above. With the switch point set by hand, every
-    version agrees with eager, with a padded key and an all-padding sequence, and no
-    binding recompiles; moving the switch point at run time needs no compile either."""
+    fused attention above; so does T5's, whose position bias (computed once, before the first
+    layer) is its additive mask. With the switch point set by hand, every version agrees with
+    eager, with a padded key and an all-padding sequence, and no binding recompiles; moving
+    the switch point at run time needs no compile either."""
     from symfuse.models import load
     from symfuse.schedule.attention import AttentionStep
 
     limit = 16
-    for name, library in (("bert-small", True), ("t5-encoder-small", False)):
+    for name, library in (("bert-small", True), ("t5-encoder-small", True)):
         case = load(name)
         kind = "attention_keys_library" if library else "attention_keys"
         c = symfuse.compile(
@@ -197,6 +202,34 @@ def test_attention_versions_agree_with_eager(tmp_path):
             for th in c.native.thresholds:
                 c.native.program.set_threshold(th, c.native.thresholds[th].value)
         assert symfuse.compile_count() == count
+
+
+class SoftCappedAttention(torch.nn.Module):
+    """Attention whose scores are soft-capped (`cap * tanh(scores / cap)`, as Gemma 2 does):
+    more than scale, mask and softmax, so no library attention computes it."""
+
+    def forward(self, q, k, v):
+        scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+        return torch.softmax(20.0 * torch.tanh(scores / 20.0), -1) @ v
+
+
+def test_attention_the_library_cannot_compute_runs_as_three_steps_above_its_switch_point(tmp_path):
+    """A row kernel that is more than attention's scale, mask and softmax is merged up to the
+    switch point and runs as three steps above it (batched GEMMs around the row kernel); both
+    agree with eager at odd lengths from one compile."""
+    from symfuse.schedule.attention import AttentionStep
+
+    m, limit = SoftCappedAttention(), 16
+    dims = {0: "B", 2: "S"}
+    ex = tuple(torch.randn(2, 3, 8, 24) for _ in range(3))
+    c = symfuse.compile(m, ex, (dims, dims, dims), cache_dir=str(tmp_path), thresholds={"attention_keys": limit})
+    (st,) = [s for s in c.native.schedule.steps if isinstance(s, AttentionStep)]
+    assert st.library is None and st.name in c.native.kernels and c.native.limit(st) == limit
+    count = symfuse.compile_count()
+    for b, s in [(1, 1), (2, 7), (1, limit), (3, limit + 5), (1, 67)]:
+        args = tuple(torch.randn(b, 3, s, 24) for _ in range(3))
+        assert rel_err(c(*args), m(*args)) < 1e-4, (b, s)
+    assert symfuse.compile_count() == count
 
 
 def test_linear_layers_run_the_row_kernel_again_above_the_library_band(tmp_path):

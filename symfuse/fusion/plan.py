@@ -6,7 +6,9 @@ and every pair that is considered and refused is logged with its reason.
 
 Policy, in order:
 1. Generators (element-wise TEs that load nothing but generators: constants, aranges, an
-   arange plus an offset) are inlined into their readers.
+   arange plus an offset) are inlined into their readers, except one that calls a
+   transcendental function and is read by a tensor of more dims (it would be recomputed
+   for each of them): that one is a kernel of its own.
 2. GEMM epilogues: a compute-intensive TE absorbs element-wise consumers of the same
    shape that read it one-to-one (bias is already in the GEMM's TE; GELU joins here),
    unless the consumer's value flows into a reduction over the same rows, where it
@@ -22,9 +24,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import sympy
+
 from symfuse.shape.store import ShapeStore, Tri
 from symfuse.te.analysis import GATHER, MANY, ONE, Analysis, has_reduce, in_row, loads, same_element
-from symfuse.te.ir import TE, Opaque
+from symfuse.te.ir import TE, Call, Load, Opaque
 from symfuse.te.lower import TEProgram
 
 
@@ -128,14 +132,31 @@ class _Planner:
 
     def generator(self, t: str) -> bool:
         """Does t load nothing but other generators (a constant, an arange, an arange plus a
-        constant offset), element-wise? Then it is computed where it is read."""
+        constant offset), element-wise? Then it is computed where it is read, unless that would
+        repeat a transcendental function for every element of a larger tensor (T5's position
+        buckets, a logarithm over [S, S], read for every batch row and head): then it is
+        computed once, in a kernel of its own."""
         if t not in self._generators:
             self._generators[t] = (
                 self.is_te(t)
                 and not has_reduce(self.items[t].body)
                 and all(self.generator(ld.tensor) for ld, _ in loads(self.items[t].body))
+                and not (self.costly(t) and self.broadcast(t))
             )
         return self._generators[t]
+
+    def costly(self, t: str) -> bool:
+        """Does t, or a generator it is made of, call a transcendental function?"""
+        body = self.items[t].body
+        return _calls(body, COSTLY) or any(
+            self.is_te(ld.tensor) and self.costly(ld.tensor) for ld, _ in loads(body)
+        )  # fmt: skip
+
+    def broadcast(self, t: str) -> bool:
+        """Does a reader of t have more dims than t (reading each element many times)?"""
+        return any(
+            self.is_te(c) and len(self.items[c].shape) > len(self.items[t].shape) for c in self.consumers.get(t, [])
+        )
 
     def gemm(self, t: str) -> bool:
         return self.a.kind.get(t) == "compute-intensive"
@@ -259,6 +280,18 @@ class _Planner:
         if any(self.gemm(m) for m in ms):
             return "gemm+epilogue" if len(ms) > 1 else "gemm"
         return "reduction" if any(has_reduce(self.items[m].body) for m in ms) else "loop"
+
+
+# element-wise functions far dearer than an add or a compare
+COSTLY = frozenset({"exp", "log", "pow", "tanh", "erf", "sin", "cos", "sigmoid", "gelu", "log1p", "expm1", "atan2"})
+
+
+def _calls(s, fns: frozenset) -> bool:
+    if isinstance(s, Call):
+        return s.fn in fns or any(_calls(a, fns) for a in s.args)
+    if isinstance(s, Load):
+        return any(not isinstance(i, sympy.Expr) and _calls(i, fns) for i in s.index)
+    return False
 
 
 def plan(prog: TEProgram, analysis: Analysis, store: ShapeStore) -> Plan:

@@ -97,6 +97,21 @@ static inline int64_t sf_index(int64_t i, int64_t n, int64_t site, const int64_t
 static inline int64_t sf_index_from_end(int64_t i, int64_t n, int64_t site, const int64_t* err) {  // Python's
   return i >= -n && i < n ? (i < 0 ? i + n : i) : sf_index_bad(i, -n, site, err);
 }
+// the same checks inside a vector loop, free of branches: an index out of range reads element 0
+// instead and raises `worst` (a max reduction of the loop, INT64_MIN while every index is in
+// range), which the code after the loop reports through sf_index_bad
+static inline int64_t sf_index_v(int64_t i, int64_t n, int64_t& worst) {
+  const bool ok = i >= 0 && i < n;
+  const int64_t bad = ok ? INT64_MIN : i;
+  worst = bad > worst ? bad : worst;
+  return ok ? i : 0;
+}
+static inline int64_t sf_index_from_end_v(int64_t i, int64_t n, int64_t& worst) {
+  const bool ok = i >= -n && i < n;
+  const int64_t bad = ok ? INT64_MIN : i;
+  worst = bad > worst ? bad : worst;
+  return ok ? (i < 0 ? i + n : i) : 0;
+}
 template <class T> static inline T sf_select(bool c, T a, T b) { return c ? a : b; }  // both sides evaluated
 // torch's maximum and minimum of floats: a NaN on either side gives NaN (std::max drops one
 // on the right); branch-free, so the loop stays a vector loop

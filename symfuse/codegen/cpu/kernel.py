@@ -84,6 +84,7 @@ class _Emitter:
         self.hoist: tuple[int, int] | None = None
         self.inner: set[str] = set()
         self.hoisted: dict[tuple[str, str, bool], str] = {}
+        self.vloops: list[list[tuple[str, str, str]]] = []  # open vector loops: their checked indices
 
     def c(self, e) -> str:
         """C for an index expression. A part of it computed from sizes alone (`(H//2 - 1)//2 + 1`,
@@ -107,11 +108,39 @@ class _Emitter:
         self.fresh += 1
         return f"{base}{self.fresh}"
 
-    def checked(self, code: str, extent: str, python: bool, what: str) -> str:
+    def checked(self, code: str, extent: str, python: bool, what: str, vector: bool = True) -> str:
         """`code` as an index checked against [0, extent), or with `python` [-extent, extent)
-        and counted from the end when negative; an out-of-range one is reported as `what`."""
+        and counted from the end when negative; an out-of-range one is reported as `what`.
+        Inside a vector loop the check has no branch (which would keep the loop scalar): the
+        loop raises a max reduction of the bad indices, reported after it (`vector_loop`)."""
         check = "sf_index_from_end" if python else "sf_index"
+        if vector and self.vloops:
+            worst = self.var("worst")
+            self.vloops[-1].append((worst, f"{'-' if python else ''}{extent}", self.site(what)))
+            return f"{check}_v(int64_t({code}), {extent}, {worst})"
         return f"{check}(int64_t({code}), {extent}, {self.site(what)})"
+
+    def vector_loop(self, pragma: str) -> None:
+        """Open a vectorised loop: its pragma line, to which `end_vector_loop` adds the
+        reduction of the checked indices inside it."""
+        self.vloops.append([])
+        self.line(f"{pragma} /*@vloop{len(self.vloops)}@*/")
+
+    def end_vector_loop(self) -> None:
+        """After the loop's closing brace: declare and reduce its checks' worst indices, and
+        report one that is out of range."""
+        checks = self.vloops.pop()
+        marker = f" /*@vloop{len(self.vloops) + 1}@*/"
+        at = max(i for i, line in enumerate(self.lines) if line.endswith(marker))
+        pragma = self.lines[at][: -len(marker)]
+        if checks:
+            pragma += f" reduction(max:{', '.join(w for w, _, _ in checks)})"
+            indent = pragma[: len(pragma) - len(pragma.lstrip())]
+            self.lines[at:at] = [f"{indent}int64_t {w} = INT64_MIN;" for w, _, _ in checks]
+            at += len(checks)
+            for w, extent, site in checks:
+                self.line(f"if ({w} != INT64_MIN) sf_index_bad({w}, {extent}, {site});")
+        self.lines[at] = pragma
 
     def site(self, what: str) -> str:
         """The last two arguments of a checked operation (its site, the error slot) reported as `what`."""
@@ -162,14 +191,16 @@ class _Emitter:
                 continue
             # a gather: a data-dependent index, checked at run time
             value, python, what = gather_site(i, k, ld.tensor, buf.shape[k], self.step.name)
-            code, _ = self.expr(value)
-            extent = self.c(buf.shape[k])
             free = _loop_vars(value)
             hoist = self.hoist is not None and free is not None and not free & self.inner
+            open_loops, self.vloops = self.vloops, ([] if hoist else self.vloops)  # hoisted: runs before the loop
+            code, _ = self.expr(value)
+            self.vloops = open_loops
+            extent = self.c(buf.shape[k])
             v = self.hoisted.get((code, extent, python)) if hoist else None
             if v is None:
                 v = self.var("g")
-                text = f"const int64_t {v} = {self.checked(code, extent, python, what)};"
+                text = f"const int64_t {v} = {self.checked(code, extent, python, what, vector=not hoist)};"
                 if hoist:  # once a row, before the member's loop
                     at, depth = self.hoist
                     self.lines.insert(at, "  " * depth + text)
@@ -194,21 +225,22 @@ class _Emitter:
         if nan:
             self.line(f"int {nan} = 0;")
         window = is_window(r)  # unrolled; the loop over outputs around it is the vectorised one
-        simd = None
+        simd, vector = None, False
         if not window and not has_reduce(r.body) and r.dtype is not DType.bool:
             flag = f" reduction(|:{nan})" if nan else ""
             simd = f"#pragma omp simd reduction({'+' if r.op == 'sum' else r.op}:{acc}){flag}"
             # the loops collapse into one vectorised loop where the inner extents are constants;
             # over symbolic extents the collapsed loop would divide to recover each variable,
             # so only the innermost loop is vectorised
+            vector = True
             if len(r.axes) > 1 and all(isinstance(e, (int, sympy.Integer)) for _, e in r.axes[1:]):
-                self.line(f"{simd} collapse({len(r.axes)})")
+                self.vector_loop(f"{simd} collapse({len(r.axes)})")
                 simd = None
         for k, (v, ext) in enumerate(r.axes):
             if window:
                 self.line(f"#pragma GCC unroll {int(ext)}")
             elif simd and k == len(r.axes) - 1:
-                self.line(simd)
+                self.vector_loop(simd)
             self.line(f"for (int64_t {v.name} = 0; {v.name} < {self.c(ext)}; ++{v.name}) {{")
             self.depth += 1
         outer, self.inner = self.inner, self.inner | {v.name for v, _ in r.axes}
@@ -225,6 +257,8 @@ class _Emitter:
         for _ in r.axes:
             self.depth -= 1
             self.line("}")
+        if vector:
+            self.end_vector_loop()
         if nan:
             self.line(f"if ({nan}) {acc} = NAN;")
         return acc
@@ -423,8 +457,9 @@ class _Emitter:
             self.scratch_lines.append(f"std::unique_ptr<{ct}[]> row_{m.name}(new {ct}[{self.c(m.shape[-1])}]);")
             self.scratch_lines.append(f"{ct}* __restrict__ v_{m.name} = row_{m.name}.get();")
         self.hoist, self.inner = (len(self.lines), self.depth), {last}
-        if all(is_window(r) for r in reductions(m.body)):
-            self.line("#pragma omp simd")
+        vector = all(is_window(r) for r in reductions(m.body))
+        if vector:
+            self.vector_loop("#pragma omp simd")
         self.line(f"for (int64_t {last} = 0; {last} < {self.c(m.shape[-1])}; ++{last}) {{")
         self.depth += 1
         code = self.typed(m.body, m.dtype)
@@ -438,6 +473,8 @@ class _Emitter:
             self.line(f"{m.name}[{self.c(addr)}] = {self.stored(m.name, code)};")
         self.depth -= 1
         self.line("}")
+        if vector:
+            self.end_vector_loop()
 
     def stored(self, name: str, code: str) -> str:
         """`code` (of the member's type) as its buffer stores it."""
