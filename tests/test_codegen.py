@@ -560,10 +560,13 @@ class _LSTMWithState(torch.nn.Module):
         dict(input_size=8, hidden_size=24, num_layers=2, batch_first=True, bidirectional=True),
     ],
 )
-def test_lstm_runs_the_library_recurrence_at_every_length(cfg, seeded, tmp_path):
+def test_lstm_runs_the_library_recurrence_at_every_length(cfg, seeded, tmp_path, monkeypatch):
     """An LSTM runs on the library's recurrence (one call per layer and direction, not
     torch's ops at every step): outputs and final states match eager, with and without an
-    initial state, at lengths 1 to 33 and batches 1 to 5 from one compile."""
+    initial state, at lengths 1 to 33 and batches 1 to 5 from one compile, its input
+    projection on the library (few rows) or torch's addmm (many)."""
+    import symfuse.runtime.lstm as native_lstm
+
     lstm = torch.nn.LSTM(**cfg).eval()
     first = cfg.get("batch_first", False)
     states = cfg["num_layers"] * (2 if cfg.get("bidirectional") else 1)
@@ -581,7 +584,9 @@ def test_lstm_runs_the_library_recurrence_at_every_length(cfg, seeded, tmp_path)
         assert "lstm(k.sf_lstm" in compiled.native.program.source
     for b, t in [(1, 1), (1, 16), (3, 7), (2, 33), (5, 9)]:  # batch rows one by one and four at once
         x, h, cell = make(b, t)
-        for got, want in [(c(x, h, cell), with_state(x, h, cell)), (c0(x), lstm(x))]:
-            for g, w in zip([got[0], *got[1]], [want[0], *want[1]]):
-                assert g.shape == w.shape and torch.allclose(g, w, rtol=1e-4, atol=1e-5), (b, t)
+        for limit in (native_lstm.PROJECT_IN_LIBRARY, 0):
+            monkeypatch.setattr(native_lstm, "PROJECT_IN_LIBRARY", limit)
+            for got, want in [(c(x, h, cell), with_state(x, h, cell)), (c0(x), lstm(x))]:
+                for g, w in zip([got[0], *got[1]], [want[0], *want[1]]):
+                    assert g.shape == w.shape and torch.allclose(g, w, rtol=1e-4, atol=1e-5), (b, t, limit)
     assert symfuse.compile_count() == before + 2

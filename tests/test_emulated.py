@@ -91,6 +91,14 @@ int main(int argc, char** argv) {
     spill(dir, "cn", c.data(), B * H * 4);
     return 0;
   }
+  if (std::string(argv[1]) == "lstm_input") {  // lstm_input DIR M K N
+    const long M = std::atol(argv[3]), K = std::atol(argv[4]), N = std::atol(argv[5]);
+    auto x = slurp(dir, "x"), wt = slurp(dir, "wt"), b = slurp(dir, "bias");
+    std::vector<float> g(M * N);
+    sf_lstm_input((float*)x.data(), K, (float*)wt.data(), (float*)b.data(), g.data(), M, K, N);
+    spill(dir, "g", g.data(), g.size() * 4);
+    return 0;
+  }
   // KERNEL DIR OUT_BYTES SYM...: the kernel's buffers from DIR/<name>.bin, in signature order
   std::vector<int64_t> sym;
   for (int i = 4; i < argc; ++i) sym.push_back(std::atol(argv[i]));
@@ -177,7 +185,8 @@ def test_row_gemm(program, tmp_path):
 
 def test_lstm_recurrence(program, tmp_path):
     """Hidden sizes that take the four-vector blocks, single vectors and the scalar tail of
-    every target, forwards and backwards, against the LSTM step written in torch."""
+    every target, forwards and backwards, against the LSTM step written in torch; the input
+    projection (`sf_lstm_input`) against addmm."""
     import numpy as np
 
     run = program[0]
@@ -196,6 +205,14 @@ def test_lstm_recurrence(program, tmp_path):
         for name, ref in [("out", want), ("hn", hs), ("cn", cs)]:
             got = torch.from_numpy(np.fromfile(tmp_path / f"{name}.bin", dtype="float32")).view(ref.shape)
             assert torch.allclose(got, ref, rtol=1e-4, atol=1e-5), (t, b, h, reverse, name)
+    # the input projection of every step: four-row blocks, a tail of rows, columns past the vectors
+    for m, k, n in [(1, 3, 28), (4, 32, 256), (7, 5, 160), (13, 64, 84)]:
+        x, w, bias = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+        for name, t in [("x", x), ("wt", w.t().contiguous()), ("bias", bias)]:
+            t.numpy().tofile(tmp_path / f"{name}.bin")
+        run("lstm_input", tmp_path, m, k, n)
+        got = torch.from_numpy(np.fromfile(tmp_path / "g.bin", dtype="float32")).view(m, n)
+        assert torch.allclose(got, torch.addmm(bias, x, w.t()), rtol=1e-4, atol=1e-5), (m, k, n)
 
 
 def test_merged_attention(program, tmp_path):

@@ -24,9 +24,30 @@ def _transposed(w: torch.Tensor) -> torch.Tensor:
     return held[1]
 
 
-def run_lstm(recurrence, x, h0, c0, params, num_layers, bidirectional, batch_first, has_biases, hidden_size):
+# the input projection runs on the library's `sf_lstm_input` up to this many multiply-adds
+# (rows x features x 4 hidden), torch's addmm above. Measured (docs/benchmarks.md): under it
+# addmm's call costs more than its arithmetic (the built-in model at 1x16: 101 -> 81 us a
+# call); from 33.5M (256 features, 256 hidden, 128 rows) addmm was faster (1.72 vs 2.18 ms)
+PROJECT_IN_LIBRARY = 1 << 22
+
+# b_ih + b_hh, summed once per pair of bias tensors (a program's constants)
+_BIASES: dict[tuple[int, int], tuple[weakref.ref, torch.Tensor]] = {}
+
+
+def _bias(b_ih: torch.Tensor, b_hh: torch.Tensor) -> torch.Tensor:
+    key = (id(b_ih), id(b_hh))
+    held = _BIASES.get(key)
+    if held is None or held[0]() is not b_ih:
+        held = _BIASES[key] = (weakref.ref(b_ih, lambda _: _BIASES.pop(key, None)), (b_ih + b_hh).contiguous())
+    return held[1]
+
+
+def run_lstm(
+    recurrence, x, h0, c0, params, num_layers, bidirectional, batch_first, has_biases, hidden_size, project=None
+):
     """(output, h_n, c_n) as `torch.lstm` returns them (no dropout: inference). Tensors other
-    than float32 (a bf16 program stores its weights in bf16) go through torch's LSTM."""
+    than float32 (a bf16 program stores its weights in bf16) go through torch's LSTM.
+    `project`: the library's input projection (`sf_lstm_input`), for few rows."""
     if any(t is not None and t.dtype != torch.float32 for t in (x, h0, c0, *params)):
         from symfuse import ops
 
@@ -43,7 +64,14 @@ def run_lstm(recurrence, x, h0, c0, params, num_layers, bidirectional, batch_fir
         for d in range(dirs):
             w_ih, w_hh, *biases = params[(layer * dirs + d) * per : (layer * dirs + d + 1) * per]
             rows = layer_in.reshape(t * b, layer_in.shape[-1])
-            gates = torch.addmm(biases[0] + biases[1], rows, w_ih.t()) if biases else rows @ w_ih.t()
+            features = rows.shape[1]
+            if project is not None and t * b * features * 4 * hidden_size <= PROJECT_IN_LIBRARY:
+                gates = x.new_empty(t * b, 4 * hidden_size)
+                bias = _bias(*biases) if biases else x.new_zeros(4 * hidden_size)
+                project(rows.data_ptr(), rows.stride(0), _transposed(w_ih).data_ptr(), bias.data_ptr(),
+                        gates.data_ptr(), t * b, features, 4 * hidden_size)  # fmt: skip
+            else:
+                gates = torch.addmm(_bias(*biases), rows, w_ih.t()) if biases else rows @ w_ih.t()
             w_hh = _transposed(w_hh)
             k = layer * dirs + d
             recurrence(

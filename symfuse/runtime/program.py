@@ -8,6 +8,7 @@ then one Python function that binds the sizes and runs every step.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -109,6 +110,11 @@ class Program(HostProgram):
             lib.sf_lstm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5
             lib.sf_lstm.restype = None
             ks.sf_lstm = lib.sf_lstm
+            lib.sf_lstm_input.argtypes = (
+                [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
+            )
+            lib.sf_lstm_input.restype = None
+            ks.sf_lstm_input = lib.sf_lstm_input
         if caller is not None:  # the same functions, called with less overhead (all take integers)
             for name, f in list(vars(ks).items()):
                 if len(f.argtypes) <= MAX_ARGS:
@@ -138,7 +144,7 @@ class Program(HostProgram):
             "matmul": torch.matmul,
             "conv": _portable(torch.ops.mkldnn._convolution_pointwise),
             "sdpa": torch.nn.functional.scaled_dot_product_attention,
-            "lstm": run_lstm,
+            "lstm": functools.partial(run_lstm, project=getattr(ks, "sf_lstm_input", None)),
             "torch": torch,
             "now": time.perf_counter,
             **tensors,

@@ -2,8 +2,8 @@
 
 torch's `lstm` dispatches a handful of ops per time step, so a small LSTM is its
 overhead (the built-in `lstm` model at 16 steps: 0.26 ms in torch, 0.11 ms in ONNX
-Runtime). Here the input projection of all steps is one GEMM in the host
-(`runtime/lstm.py`), and the steps run inside one parallel region: each thread owns a
+Runtime). Here the input projection of all steps is one GEMM (`sf_lstm_input` for few
+rows, a library GEMM above: `runtime/lstm.py`), and the steps run inside one parallel region: each thread owns a
 share of the hidden units (their four gates, cell and output), and a barrier separates
 one step from the next, which reads every unit's output (Souffle's one kernel with
 barriers in place of launches).
@@ -82,6 +82,24 @@ static inline void sf_lstm_gates4(const float* __restrict__ g, int64_t ldg, cons
   }
   if (j < n)
     for (int r = 0; r < 4; ++r) sf_lstm_gates(g + r * ldg + j, w + j, ldw, h + r * ldh, K, out + r * ldo + j, n - j);
+}
+// G [M, N] = bias + X [M, K] W^T, the input projection of every step at once (X one row per
+// step and batch row, `ldx` apart; WT [K, N] = W_ih transposed): four rows of X share each
+// weight vector (sf_lstm_gates4, the bias as every row of g). For few rows, where a library
+// GEMM's call costs more than its arithmetic (runtime/lstm.py decides)
+extern "C" void sf_lstm_input(const float* __restrict__ X, int64_t ldx, const float* __restrict__ WT,
+                              const float* __restrict__ bias, float* __restrict__ G, int64_t M, int64_t K,
+                              int64_t N) {
+  const int64_t blocks = (M + 3) / 4;
+#pragma omp parallel for schedule(static) if (M * N * K >= 65536)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t m = 4 * blk;
+    if (m + 4 <= M) {
+      sf_lstm_gates4(bias, 0, WT, N, X + m * ldx, ldx, K, G + m * N, N, N);
+    } else {
+      for (int64_t r = m; r < M; ++r) sf_lstm_gates(bias, WT, N, X + r * ldx, K, G + r * N, N);
+    }
+  }
 }
 extern "C" void sf_lstm(const float* __restrict__ G, const float* __restrict__ WT, float* __restrict__ h,
                         float* __restrict__ c, float* __restrict__ out, int64_t ld_out, int64_t T, int64_t B,
