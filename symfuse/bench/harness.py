@@ -39,6 +39,12 @@ AXES = {
 }
 
 
+# a pause before each engine's turn: the engine before it may still have threads spinning for
+# work (ONNX Runtime's and OpenMP's thread pools spin a while after each call), which would
+# run beside the next engine's timed calls on a machine of few cores
+SETTLE_S = 0.05
+
+
 def parse_list(text: str, what: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -241,6 +247,7 @@ def run(
                 for n in order:
                     done += 1
                     progress(f"round {rnd + 1}/{cfg.rounds}  {n:<22} {key(b)}", done, total)
+                    time.sleep(SETTLE_S)
                     ans = workers[n].request(
                         {
                             "cmd": "run",
