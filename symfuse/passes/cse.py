@@ -34,14 +34,18 @@ def _hashable(x: Any) -> Any:
 
 
 def merge_common_subexpressions(graph: Graph, store: ShapeStore) -> Graph:
+    """`graph` with each repeated computation done once. A repeat the model returns is kept:
+    merged, two results eager gives as two tensors would come back as one (an in-place
+    change to one would show in the other)."""
     seen: dict[tuple, tuple[Value, ...]] = {}
+    returned = set(graph.outputs)
 
     def rule(rw: Rewriter, n: Node, ins):
         key = (n.op, tuple(id(v) if v is not None else None for v in ins), _hashable(dict(n.attrs)))
-        if key in seen:
+        if key in seen and not returned.intersection(n.outputs):
             return seen[key]
         outs = rw.b.add(n.op, ins, dict(n.attrs), loc=n.loc, name=n.outputs[0].name)
-        seen[key] = tuple(outs)
+        seen.setdefault(key, tuple(outs))
         return outs
 
     return Rewriter(graph, store).run(rule)
