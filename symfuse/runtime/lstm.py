@@ -11,17 +11,30 @@ import weakref
 
 import torch
 
-# W_hh transposed ([H, 4H]: the recurrence broadcasts h over its rows), made once per weight
-# tensor (a program's constant) and dropped with it
-_TRANSPOSED: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+# tensors derived from a program's constants (W transposed, the summed biases), made once per
+# tuple of source tensors and dropped with the first of them
+_DERIVED: dict[tuple, tuple[weakref.ref, torch.Tensor]] = {}
+
+
+def _once(make, *sources: torch.Tensor) -> torch.Tensor:
+    key = (make, *map(id, sources))
+    held = _DERIVED.get(key)
+    if held is None or held[0]() is not sources[0]:
+        held = _DERIVED[key] = (weakref.ref(sources[0], lambda _: _DERIVED.pop(key, None)), make(*sources))
+    return held[1]
+
+
+def _transpose(w: torch.Tensor) -> torch.Tensor:
+    return w.t().contiguous()
 
 
 def _transposed(w: torch.Tensor) -> torch.Tensor:
-    held = _TRANSPOSED.get(id(w))
-    if held is None or held[0]() is not w:
-        key = id(w)
-        held = _TRANSPOSED[key] = (weakref.ref(w, lambda _: _TRANSPOSED.pop(key, None)), w.t().contiguous())
-    return held[1]
+    """W transposed ([K, 4H]: the library broadcasts a row's elements over W^T's rows)."""
+    return _once(_transpose, w)
+
+
+def _bias(b_ih: torch.Tensor, b_hh: torch.Tensor) -> torch.Tensor:
+    return _once(torch.add, b_ih, b_hh)
 
 
 # the input projection runs on the library's `sf_lstm_input` up to this many multiply-adds
@@ -29,17 +42,6 @@ def _transposed(w: torch.Tensor) -> torch.Tensor:
 # addmm's call costs more than its arithmetic (the built-in model at 1x16: 101 -> 81 us a
 # call); from 33.5M (256 features, 256 hidden, 128 rows) addmm was faster (1.72 vs 2.18 ms)
 PROJECT_IN_LIBRARY = 1 << 22
-
-# b_ih + b_hh, summed once per pair of bias tensors (a program's constants)
-_BIASES: dict[tuple[int, int], tuple[weakref.ref, torch.Tensor]] = {}
-
-
-def _bias(b_ih: torch.Tensor, b_hh: torch.Tensor) -> torch.Tensor:
-    key = (id(b_ih), id(b_hh))
-    held = _BIASES.get(key)
-    if held is None or held[0]() is not b_ih:
-        held = _BIASES[key] = (weakref.ref(b_ih, lambda _: _BIASES.pop(key, None)), (b_ih + b_hh).contiguous())
-    return held[1]
 
 
 def run_lstm(
