@@ -275,13 +275,9 @@ def link(
 ) -> Program:
     """Put a built library, its host code and the tensors it reads together: constants by value
     name, the row kernel's packed panels; oneDNN's copies are made at first use."""
-    layout = {k: torch.channels_last for k in host.channels_last}
-    tensors = {
-        k: stored(consts[v], host.precision).contiguous(memory_format=layout.get(k, torch.contiguous_format))
-        for k, v in host.constants.items()
-    }
+    tensors = {k: stored(consts[v], host.precision).contiguous() for k, v in host.constants.items()}
     tensors.update(panels)
-    tensors["conv_weight"] = ConvWeights({k: tensors[k] for k in host.channels_last})
+    tensors["conv_weight"] = ConvWeights({v: stored(consts[v], host.precision) for v in host.conv_weights})
     tensors["W"] = OneDNNWeights({k: stored(consts[v], host.precision) for k, v in host.packed.items()})
 
     def describe(i: int) -> str:

@@ -49,7 +49,7 @@ class HostCode:
     precision: str = "fp32"  # bf16: float32 buffers and constants are stored in bfloat16
     bf16_multiply: Threshold | None = None  # how the bf16 row kernel multiplies (gemm.BF16_MULTIPLY)
     lstm: bool = False  # an LSTM runs on the library's recurrence (codegen/cpu/lstm.py)
-    channels_last: tuple[str, ...] = ()  # constants kept channels-last (convolution weights)
+    conv_weights: tuple[str, ...] = ()  # constant convolution weights, prepared once (runtime/program.py: ConvWeights)
 
 
 class _Host:
@@ -197,12 +197,12 @@ class _Host:
         elif st.conv is not None:
             attr, algo = st.postop or ("none", "")
             pad, stride, dil, groups = st.conv
-            x, w = self.ref(st.a.buffer), self.ref(st.b.buffer)
+            x = self.ref(st.a.buffer)
             if st.b.buffer in self.const:  # channels-last (oneDNN's NHWC path), in oneDNN's layout from the first call
-                name = f"cl_{st.b.buffer}"
-                self.code.constants[name] = st.b.buffer
-                self.code.channels_last = tuple(sorted({*self.code.channels_last, name}))
-                w = f"conv_weight({name!r}, {x}, {list(pad)}, {list(stride)}, {list(dil)}, {groups})"
+                self.code.conv_weights = tuple(sorted({*self.code.conv_weights, st.b.buffer}))
+                w = f"conv_weight({st.b.buffer!r}, {x}, {list(pad)}, {list(stride)}, {list(dil)}, {groups})"
+            else:  # a computed weight, as it is
+                w = self.ref(st.b.buffer)
             bias = self.ref(st.bias) if st.bias else "None"
             call = f"conv({x}, {w}, {bias}, {list(pad)}, {list(stride)}, {list(dil)}, {groups}, {attr!r}, [], {algo!r})"
             b = self.s.buffers[st.out]

@@ -299,10 +299,10 @@ def _view(t: torch.Tensor, sizes: tuple, strides: tuple, offset: int) -> torch.T
 
 
 class ConvWeights:
-    """Convolution weights in oneDNN's blocked layout, each reordered at its first call, for that
-    call's input size (another size still runs: oneDNN then reorders it as it does a plain
-    weight). A plain weight is reordered inside every call: 10-17 us a convolution at any size
-    (docs/benchmarks.md)."""
+    """Convolution weights channels-last (so oneDNN takes its NHWC path, on an NCHW program input
+    too) and in oneDNN's blocked layout, each made at its first call, for that call's input size
+    (another size still runs: oneDNN then reorders it as it does a plain weight). A plain weight
+    is reordered inside every call: 10-17 us a convolution at any size (docs/benchmarks.md)."""
 
     def __init__(self, plain: dict[str, torch.Tensor]) -> None:
         self.plain, self.packed = plain, {}
@@ -310,7 +310,7 @@ class ConvWeights:
     def __call__(self, name: str, x: torch.Tensor, padding: list, stride: list, dilation: list, groups: int):
         w = self.packed.get(name)
         if w is None:  # two threads may both reorder: same result
-            w = self.plain[name]
+            w = self.plain[name].contiguous(memory_format=torch.channels_last)
             if not onednn_lacks(w.dtype):
                 reorder = torch.ops.mkldnn._reorder_convolution_weight
                 w = reorder(w, padding, stride, dilation, groups, list(x.shape))
