@@ -31,9 +31,9 @@ from symfuse.fusion.plan import Plan, plan
 from symfuse.ir.graph import Graph, print_graph
 from symfuse.options import Options, library_kind
 from symfuse.runtime.program import ConvWeights, OneDNNWeights, Program
-from symfuse.schedule.attention import AttentionStep, find_step, merge_attention
+from symfuse.schedule.attention import AttentionStep, find_step, merge_attention, native_steps
 from symfuse.schedule.channels_last import channels_last
-from symfuse.schedule.steps import GemmStep, NativeStep, Schedule
+from symfuse.schedule.steps import NativeStep, Schedule
 from symfuse.schedule.steps import build as build_schedule
 from symfuse.shape.store import ShapeStore
 from symfuse.te.analysis import analyse
@@ -99,18 +99,6 @@ class Backend:
         if limit is None:
             return False
         return size <= limit or (band is not None and band < size <= ROWS[-1])
-
-
-def native_steps(sched: Schedule) -> list:
-    out = []
-    for st in sched.steps:
-        if isinstance(st, AttentionStep):  # the merged kernel; its row kernel too where the three steps may run
-            out += [st] if st.library else [st, st.softmax]
-        elif isinstance(st, NativeStep):
-            out.append(st)
-        elif isinstance(st, GemmStep) and st.epilogue is not None:
-            out.append(st.epilogue)
-    return out
 
 
 @dataclass

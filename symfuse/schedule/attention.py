@@ -56,6 +56,20 @@ def find_step(sched: Schedule, name: str) -> NativeStep:
     raise KeyError(name)
 
 
+def native_steps(sched: Schedule) -> list:
+    """The steps that run generated code: native steps, GEMM epilogues, merged attention (and
+    its row kernel where the three steps may run instead)."""
+    out = []
+    for st in sched.steps:
+        if isinstance(st, AttentionStep):  # the merged kernel; its row kernel too where the three steps may run
+            out += [st] if st.library else [st, st.softmax]
+        elif isinstance(st, NativeStep):
+            out.append(st)
+        elif isinstance(st, GemmStep) and st.epilogue is not None:
+            out.append(st.epilogue)
+    return out
+
+
 def _reads(st: Step) -> set[str]:
     from symfuse.te.analysis import loads
 
@@ -221,4 +235,4 @@ def merge_attention(sched: Schedule) -> Schedule:
     return sched
 
 
-__all__ = ["AttentionStep", "LibraryForm", "library_form", "merge_attention"]
+__all__ = ["AttentionStep", "LibraryForm", "library_form", "merge_attention", "native_steps"]

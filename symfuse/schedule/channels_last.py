@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import sympy
 
-from symfuse.schedule.attention import AttentionStep
+from symfuse.schedule.attention import AttentionStep, native_steps
 from symfuse.schedule.layout import View, row_major
 from symfuse.schedule.steps import Buffer, GemmStep, NativeStep, OpaqueStep, Schedule
 from symfuse.te.analysis import loads, row_scalar
@@ -66,13 +66,7 @@ def channels_last(sched: Schedule) -> Schedule:
 
 
 def _natives(sched: Schedule) -> list[NativeStep]:
-    out = []
-    for st in sched.steps:
-        if isinstance(st, NativeStep):
-            out.append(st)
-        elif isinstance(st, GemmStep) and st.epilogue is not None:
-            out.append(st.epilogue)
-    return out
+    return [st for st in native_steps(sched) if isinstance(st, NativeStep)]
 
 
 def _fixed_layout(sched: Schedule) -> set[str]:
