@@ -432,7 +432,7 @@ def load(path: str, **options):
     tile = Tile(**state["tile"])
     consts = {v.name: tensors[v.name] for v in graph.constants}
     regenerate = functools.cache(
-        lambda: generate(graph, store, saved, host.precision, host.bf16_multiply)
+        lambda: generate(graph, store, saved, host.precision, host.bf16_multiply, host.row_chunk)
     )  # for explain, and kernels run by torch
     step = lambda name: regenerate().step(name)  # noqa: E731
     program = link(

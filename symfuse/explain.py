@@ -159,15 +159,16 @@ def _blocks_section(graph: Graph, fp, native) -> list[str]:
 
 
 def _steps_section(native) -> list[str]:
-    from symfuse.codegen.cpu.gemm import tile_for
     from symfuse.schedule.attention import AttentionStep
     from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep
 
     steps = native.schedule.steps
-    tile = tile_for(native.target)
+    tile = native.tile
+    chunk = getattr(getattr(native, "host", None), "row_chunk", None)  # CPU programs only
     out = [
         f"\ntarget: {native.target.describe()}",
-        f"  GEMM micro-kernel tile: {tile.rows} rows x {tile.vectors} vectors ({tile.panel}-column weight panels)",
+        f"  GEMM micro-kernel tile: {tile.rows} rows x {tile.vectors} vectors ({tile.panel}-column weight panels)"
+        + (f"; {chunk.describe()}" if chunk else ""),
         "precision: "
         + (
             "bf16 (weights and intermediates stored in bfloat16, float32 math in symfuse's kernels, bf16 GEMMs "

@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-# thresholds between kernel versions that can be set by hand (else measured per machine)
-THRESHOLD_KINDS = (
+# switch points between kernel versions (the host picks a version per call from a size)
+SWITCH_KINDS = (
     "linear_rows", "linear_split", "linear_library", "linear_rows_bf16", "linear_split_bf16", "linear_library_bf16",
-    "bf16_multiply",
     "attention_keys", "attention_keys_library", "attention_keys_bf16", "attention_keys_library_bf16",
 )  # fmt: skip
+# how a kernel is built: how the bf16 row kernel multiplies, the steps of K in the row kernel's chunk
+BUILD_KINDS = ("bf16_multiply", "row_chunk")
+# every threshold can be set by hand; else it is measured once per machine (calibrate.py)
+THRESHOLD_KINDS = SWITCH_KINDS + BUILD_KINDS
 
 
 def split_kind(kind: str) -> str:

@@ -20,7 +20,7 @@ from symfuse.codegen.cpu.calibrate import Threshold, canonical_attention, row_ke
 from symfuse.codegen.cpu.gemm import ACTIVATIONS, BF16_MULTIPLY, bf16_multiplies, has_bf16_rows, pack_panels, tile_for
 from symfuse.codegen.precision import cpu_bf16_missing
 from symfuse.ir.dtypes import DType
-from symfuse.options import THRESHOLD_KINDS, Options
+from symfuse.options import SWITCH_KINDS, Options
 from symfuse.reference import ReferenceExecutor
 from symfuse.shape.infer import GraphBuilder
 from tests.conftest import rel_err
@@ -37,7 +37,7 @@ def cache(tmp_path_factory):
 
 def forced(cache: str, value: int, multiply: int = 0, **kw) -> Options:
     """Every switch point at `value`; the bf16 row kernel multiplying as `BF16_MULTIPLY[multiply]`."""
-    kinds = tuple((k, multiply if k == "bf16_multiply" else value) for k in THRESHOLD_KINDS)
+    kinds = tuple((k, value) for k in SWITCH_KINDS) + (("bf16_multiply", multiply),)
     return Options(cache_dir=cache, thresholds=kinds, precision="bf16", **kw)
 
 

@@ -15,8 +15,8 @@ from symfuse.codegen.compile import compile_program, generate
 from symfuse.codegen.cpu import target as tg
 from symfuse.codegen.cpu.build import build
 from symfuse.codegen.cpu.calibrate import ROWS, canonical_attention, row_kernel
-from symfuse.codegen.cpu.gemm import ACTIVATIONS, pack_panels, tile_for
-from symfuse.options import THRESHOLD_KINDS, Options
+from symfuse.codegen.cpu.gemm import ACTIVATIONS, chunk_choices, pack_panels, tile_for
+from symfuse.options import SWITCH_KINDS, Options
 from symfuse.reference import ReferenceExecutor
 from symfuse.schedule.attention import AttentionStep
 from tests.conftest import rel_err
@@ -35,7 +35,7 @@ def cache(tmp_path_factory):
 
 def forced(cache: str, value: int) -> Options:
     """Options that pin every version switch point (no measuring in tests)."""
-    return Options(cache_dir=cache, thresholds=tuple((k, value) for k in THRESHOLD_KINDS))
+    return Options(cache_dir=cache, thresholds=tuple((k, value) for k in SWITCH_KINDS))
 
 
 @pytest.mark.parametrize("isa", BUILT)
@@ -67,6 +67,9 @@ def test_row_gemm_at_odd_shapes(isa, cache):
     target = tg.detect("g++", isa)
     for split in (False, True):  # the threads on panels, or on rows first
         _row_gemm_at_odd_shapes(target, row_kernel(target, Options(cache_dir=cache), split=split), isa)
+        for chunk in chunk_choices(target)[1:]:  # the chunks a machine may measure as faster: K over two
+            fn = row_kernel(target, Options(cache_dir=cache), split=split, chunk=chunk)
+            _row_gemm_in_chunks(target, fn, isa, tile_for(target, chunk), ms=(1, 13), ks=(chunk + 5,))
 
 
 def _row_gemm_at_odd_shapes(target, fn, isa):
@@ -91,11 +94,17 @@ def _row_gemm_at_odd_shapes(target, fn, isa):
     # by those of 2 * kc rows on panels (more than SF_PF_BLOCKS blocks); on rows first, 4 * kc + 1
     # rows are more than two chunks' worth a thread on 2 threads, fewer on 3 or more
     kc = tile.chunk
+    _row_gemm_in_chunks(target, fn, isa, tile, (1, 13, 2 * kc, 2 * kc + 1, 4 * kc + 1), (kc - 1, kc + 5, 2 * kc + 3))
+
+
+def _row_gemm_in_chunks(target, fn, isa, tile, ms, ks):
+    gen = torch.Generator().manual_seed(1)
+    p = tile.panel
     for n in (p - 1, 2 * p + target.lanes + 1):
-        for k in (kc - 1, kc + 5, 2 * kc + 3):
+        for k in ks:
             w, bias = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
             wp = pack_panels(w, p)
-            for m in (1, 13, 2 * kc, 2 * kc + 1, 4 * kc + 1):
+            for m in ms:
                 a = torch.randn(m, k + 3, generator=gen)[:, :k]
                 for name in ("none", "gelu"):
                     for b in (bias, None):

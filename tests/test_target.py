@@ -19,7 +19,7 @@ from symfuse.codegen.cpu import calibrate
 from symfuse.codegen.cpu import target as tg
 from symfuse.codegen.cpu.build import BuildError, build
 from symfuse.codegen.cpu.calibrate import BUSY, ROWS, Calibration, OtherProcesses, _switch_point
-from symfuse.codegen.cpu.gemm import bf16_multiplies, has_bf16_rows, tile_for
+from symfuse.codegen.cpu.gemm import bf16_multiplies, chunk_choices, has_bf16_rows, tile_for
 from symfuse.options import Options, parse_thresholds
 
 AVX2 = ("avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "lzcnt", "movbe", "os_avx")
@@ -208,6 +208,36 @@ def test_switch_points_are_measured_once_and_cached(tmp_path, monkeypatch, quiet
     assert "symfuse's row kernel up to 5 rows, oneDNN above (set by hand" in th.describe()
 
 
+def test_the_row_kernels_chunk_by_hand_builds_it_and_keys_the_switch_points_measured_with_it(
+    tmp_path, monkeypatch, quiet
+):
+    """`row_chunk` set by hand is the chunk the program's row kernel is built with, `explain`
+    says so, and the linear switch points measured with it are kept apart from those measured
+    with the chunk the machine chose; a chunk of no steps is refused."""
+    target = tg.detect("g++")
+    calls = []
+
+    def measure(self, kind, shape, streamed):
+        calls.append(kind)
+        return {"row_chunk": chunk_choices(target)[0]}.get(kind, 64), {}
+
+    monkeypatch.setattr(Calibration, "_measure", measure)
+    g = torch.nn.Linear(40, 24)
+    common = dict(cache_dir=str(tmp_path / "k"), machine_dir=str(tmp_path / "m"))
+    c = symfuse.compile(g, (torch.randn(3, 40),), {"input": {0: "M"}}, thresholds={"row_chunk": 24}, **common)
+    assert "#define SF_KC 24" in c.native.generated.source and c.native.tile.chunk == 24
+    assert "walks a weight panel 24 steps of K at a time (set by hand" in c.explain(with_graph=False)
+    linear = sorted(calls)
+    assert linear and all(k.startswith("linear_") for k in linear)
+    c = symfuse.compile(g, (torch.randn(3, 40),), {"input": {0: "M"}}, **common)
+    assert calls[len(linear)] == "row_chunk" and sorted(calls[len(linear) + 1 :]) == linear  # measured again
+    assert f"#define SF_KC {chunk_choices(target)[0]}" in c.native.generated.source
+    for x in (torch.randn(1, 40), torch.randn(37, 40)):
+        assert torch.allclose(c(x), g(x), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="row_chunk=0: a chunk takes at least one step of K"):
+        symfuse.compile(g, (torch.randn(3, 40),), {"input": {0: "M"}}, thresholds={"row_chunk": 0}, **common)
+
+
 def test_a_band_where_the_library_wins_is_measured_above_the_row_kernels_switch_point(tmp_path, monkeypatch, quiet):
     """Where oneDNN wins only middle sizes, `linear_library` says where the row kernel wins
     again; where oneDNN wins to the largest size, or the row kernel's rows are set by hand,
@@ -305,8 +335,11 @@ def test_switch_points_measured_on_this_machine(tmp_path, quiet):
         assert cal.get("bf16_multiply", ()).value in bf16_multiplies(target)
         split = cal.get("linear_split_bf16", (64, 96))
         assert split.value >= tile_for(target).rows and "the bf16 row kernel's threads split" in split.describe()
+    chunk = cal.get("row_chunk", ())  # built and timed for each choice
+    assert chunk.value in chunk_choices(target) and "walks a weight panel" in chunk.describe()
     (path,) = (tmp_path / "m").iterdir()
     assert "linear_rows 64x96" in path.read_text() and "attention_keys_library 16" in path.read_text()
+    assert all(f"vs {chunk_choices(target)[0]} steps" in k for k in json.loads(path.read_text())["row_chunk "]["ms"])
     assert "linear_split 64x96" in path.read_text()
 
 

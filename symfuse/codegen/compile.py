@@ -120,11 +120,17 @@ class Generated:
 
 
 def generate(
-    graph: Graph, store: ShapeStore, target: Target, precision: str = "fp32", bf16_multiply: Threshold | None = None
+    graph: Graph,
+    store: ShapeStore,
+    target: Target,
+    precision: str = "fp32",
+    bf16_multiply: Threshold | None = None,
+    row_chunk: Threshold | None = None,
 ) -> Generated:
     """Lower, plan, schedule and generate C++ for `target` (nothing is built or run);
     `precision="bf16"` stores every float32 buffer and constant in bfloat16, and its row kernel
-    multiplies as `bf16_multiply` says (`vdpbf16ps` when None, `gemm.BF16_MULTIPLY`)."""
+    multiplies as `bf16_multiply` says (`vdpbf16ps` when None, `gemm.BF16_MULTIPLY`); the
+    float32 row kernel walks its panels `row_chunk` steps of K at a time (`tile_for`'s when None)."""
     prog = lower(graph)
     analysis = analyse(prog)
     fp = plan(prog, analysis, store)
@@ -158,10 +164,11 @@ def generate(
     kernels = share(kernels, set(sched.buffers) | {it.name for it in prog.items})
     host = generate_host(sched, kernels, symbols, bf16_rows=bf16)
     host.bf16_multiply = bf16_multiply if bf16 else None
+    host.row_chunk = row_chunk
     if storage:
         host.source = cast_boundary(host.source, graph, storage)
         host.precision = precision
-    tile = tile_for(target)
+    tile = tile_for(target, row_chunk.value if row_chunk else 0)
     # the GEMM micro-kernel only where a step calls it: it is most of a small library's build time
     merged = any(isinstance(st, AttentionStep) and st.name in kernels for st in sched.steps)
     gemm = gemm_source(tile, bf16, multiply) if host.panels or merged else ""
@@ -226,7 +233,12 @@ def compile_program(
             raise ValueError(f"threshold bf16_multiply={multiply.value} is not a way to multiply; use one of {ways}")
         t["bf16 row kernel's multiply"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    gen = generate(graph, store, target, precision, multiply)
+    chunk = Calibration(target, opts).get("row_chunk", ())  # measured once per machine
+    if chunk.value < 1:
+        raise ValueError(f"threshold row_chunk={chunk.value}: a chunk takes at least one step of K")
+    t["row kernel's chunk"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    gen = generate(graph, store, target, precision, multiply, chunk)
     host = gen.host
     t["lower, plan, schedule, generate C++ and host code"] = time.perf_counter() - t0
     with ThreadPoolExecutor(1) as pool:  # g++ runs while the weights are packed

@@ -48,6 +48,7 @@ class HostCode:
     step_thresholds: dict[str, str] = field(default_factory=dict)  # step -> the threshold it reads
     precision: str = "fp32"  # bf16: float32 buffers and constants are stored in bfloat16
     bf16_multiply: Threshold | None = None  # how the bf16 row kernel multiplies (gemm.BF16_MULTIPLY)
+    row_chunk: Threshold | None = None  # steps of K in a chunk of the row kernel's panels (gemm.chunk_choices)
     lstm: bool = False  # an LSTM runs on the library's recurrence (codegen/cpu/lstm.py)
     conv_weights: tuple[str, ...] = ()  # constant convolution weights, prepared once (runtime/program.py: ConvWeights)
 

@@ -56,7 +56,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from symfuse.codegen.cpu.target import Target
-from symfuse.options import THRESHOLD_KINDS, Options, rows_kind, split_kind
+from symfuse.options import BUILD_KINDS, SWITCH_KINDS, THRESHOLD_KINDS, Options, rows_kind, split_kind
 
 log = logging.getLogger("symfuse")
 
@@ -83,6 +83,8 @@ class Threshold:
             from symfuse.codegen.cpu.gemm import BF16_MULTIPLY
 
             what = f"symfuse's bf16 row kernel multiplies by {BF16_MULTIPLY.get(self.value, '?')}"
+        elif self.kind == "row_chunk":
+            what = f"symfuse's row kernel walks a weight panel {self.value} steps of K at a time"
         elif self.kind.startswith("linear_split"):
             k, n = self.shape
             bf16 = " bf16" if self.kind == "linear_split_bf16" else ""
@@ -139,7 +141,7 @@ class Calibration:
         change to symfuse's kernels (a new tile, say) measures again."""
         if not self._path:
             from symfuse.codegen.compile import generate
-            from symfuse.codegen.cpu.gemm import bf16_multiplies, has_bf16_rows
+            from symfuse.codegen.cpu.gemm import bf16_multiplies, chunk_choices, has_bf16_rows
 
             source = generate(*canonical_attention(), self.target).source
             if has_bf16_rows(self.target):  # each way of multiplying: its row kernel and merged attention
@@ -147,6 +149,7 @@ class Calibration:
                     way = Threshold("bf16_multiply", (), m, "")
                     source += generate(*canonical_attention(), self.target, "bf16", way).source
             source += f"rows {ROWS}"  # the sizes measured: a switch point means "up to here"
+            source += f" chunks {chunk_choices(self.target)}"  # the row kernel's chunks measured
             kernels = hashlib.sha256(source.encode()).hexdigest()[:8]
             limits = "".join("-" + re.sub(r"[^a-z0-9_]", "", v.lower()) for _, v in self.opts.library_limits)
             name = f"thresholds-{self.target.key}-{self.target.machine}-{kernels}{limits}.json"
@@ -162,6 +165,8 @@ class Calibration:
         key = f"{kind} {'x'.join(map(str, shape))}" + (" streamed" if streamed else "")
         if kind.startswith(("linear_rows", "linear_library")) and split_kind(kind) in self.manual:
             key += f" split {self.manual[split_kind(kind)]}"  # measured with that split
+        if kind.startswith("linear_") and not kind.endswith("_bf16") and "row_chunk" in self.manual:
+            key += f" chunk {self.manual['row_chunk']}"  # measured on a row kernel with that chunk
         entries = self._load()
         e = entries.get(key) or _UNKEPT.get((self.path, key))
         if e is None:
@@ -219,6 +224,8 @@ class Calibration:
         return self.get("bf16_multiply", ()).value
 
     def _measure(self, kind: str, shape: tuple[int, ...], streamed: bool) -> tuple[int, dict]:
+        if kind == "row_chunk":
+            return self._chunk()
         if kind == "bf16_multiply":  # 48 rows of a 768x768 layer, weights hot: the multiply's rate
             from symfuse.codegen.cpu.gemm import bf16_multiplies
 
@@ -269,16 +276,50 @@ class Calibration:
             from symfuse.codegen.compile import compile_program
 
             graph, store = canonical_attention()
-            # every switch point at 0 but the bf16 multiply (measured, or as set by hand), which
-            # shapes the merged kernel in bf16
-            zero = tuple((k, 0) for k in THRESHOLD_KINDS if k != "bf16_multiply")
-            by_hand = tuple((k, v) for k, v in self.manual.items() if k == "bf16_multiply")
+            # every switch point at 0; how kernels are built as measured, or as set by hand (the
+            # bf16 multiply shapes the merged kernel in bf16, the chunk the row kernel)
+            zero = tuple((k, 0) for k in SWITCH_KINDS)
+            by_hand = tuple((k, v) for k, v in self.manual.items() if k in BUILD_KINDS)
             forced = replace(self.opts, thresholds=zero + by_hand, dump_dir="", precision=precision)
             self._kernels[precision] = compile_program(graph, store, forced, target=self.target, force_precision=True)
         return self._kernels[precision]
 
+    def _chunk(self) -> tuple[int, dict]:
+        """The row kernel's chunk (`gemm.chunk_choices`): each choice built and timed against the
+        fastest so far on the layers where the chunk matters, threads on panels: 128 rows of
+        a 256->1024 layer with its weights in cache (bert-small's FFN) and 16 rows of a 768->3072
+        layer streaming them from memory (BERT-base's); a choice is taken where the product of
+        its two time ratios is below 1."""
+        from symfuse.codegen.cpu.gemm import chunk_choices
+
+        choices = chunk_choices(self.target)
+        best, timings = choices[0], {}
+        for chunk in choices[1:]:
+            ratio = 1.0
+            for k, n, rows, streamed in ((256, 1024, 128, False), (768, 3072, 16, True)):
+                setup, first, *_, refresh = self._linear(k, n, streamed, kernel=self._rows(chunk))
+                setup_best, second, *_, refresh_best = self._linear(k, n, streamed, kernel=self._rows(best))
+                setup(rows), setup_best(rows)
+                a, b = _ratio(first, second, lambda: (refresh(), refresh_best()))
+                timings[f"{k}->{n} at {rows} rows: {chunk} vs {best} steps"] = [round(a * 1e3, 4), round(b * 1e3, 4)]
+                ratio *= a / b
+            if ratio < 1:
+                best = chunk
+        return best, timings
+
+    def _rows(self, chunk: int):
+        """The row kernel built with `chunk`: (threads on panels, threads on rows first)."""
+        return tuple(row_kernel(self.target, self.opts, split=split, chunk=chunk) for split in (False, True))
+
     def _linear(
-        self, k: int, n: int, streamed: bool, bf16: bool = False, multiply: int | None = None, split: int = 1 << 30
+        self,
+        k: int,
+        n: int,
+        streamed: bool,
+        bf16: bool = False,
+        multiply: int | None = None,
+        split: int = 1 << 30,
+        kernel: tuple | None = None,
     ):
         """(setup(rows), the row kernel with its threads on panels up to `split` rows and on
         rows above, the row kernel with its threads on rows, oneDNN, refresh()): each call
@@ -293,7 +334,9 @@ class Calibration:
         the model; on freshly made inputs it measured -1 to +15% layer by layer)."""
         from symfuse.codegen.cpu.gemm import pack_panels, tile_for
 
-        if bf16:
+        if kernel is not None:  # (threads on panels, threads on rows) of a row kernel built for the purpose
+            rows_fn, split_fn = kernel
+        elif bf16:
             way = self.multiply() if multiply is None else multiply
             rows_fn = row_kernel(self.target, self.opts, True, way)
             split_fn = row_kernel(self.target, self.opts, True, way, split=True)
@@ -306,7 +349,7 @@ class Calibration:
         gen = torch.Generator().manual_seed(0)
         ws = [torch.randn(n, k, generator=gen).to(dtype) for _ in range(copies)]
         packed = [pack_panels(w, panel, bf16) for w in ws]
-        reordered = [torch.ops.mkldnn._reorder_linear_weight(w) for w in ws]
+        reordered: list[torch.Tensor] = []  # oneDNN's copies, made at its first call
         bias = torch.randn(n, generator=gen).to(dtype)
         linear = torch.ops.mkldnn._linear_pointwise
         st = {}
@@ -335,6 +378,8 @@ class Calibration:
             return run
 
         def library() -> float:
+            if not reordered:
+                reordered.extend(torch.ops.mkldnn._reorder_linear_weight(w) for w in ws)
             i = st["i"]
             st["i"] = (i + 1) % copies
             t0 = time.perf_counter()
@@ -431,10 +476,13 @@ class OtherProcesses:
         return max(0.0, others) / ((t1 - t0) * cores)
 
 
-def row_kernel(target: Target, opts: Options, bf16: bool = False, multiply: int = 0, split: bool = False):
+def row_kernel(
+    target: Target, opts: Options, bf16: bool = False, multiply: int = 0, split: bool = False, chunk: int = 0
+):
     """symfuse's row GEMM built for `target` alone (`sf_linear_rows`, or with `bf16`
     `sf_linear_rows_bf16` multiplying as `gemm.BF16_MULTIPLY[multiply]` says; with `split`
-    the one whose threads take the rows first, `..._split`), typed for ctypes."""
+    the one whose threads take the rows first, `..._split`; `chunk`: steps of K in a chunk, 0
+    for `tile_for`'s), typed for ctypes."""
     import ctypes
 
     from symfuse.codegen.cpu.build import build
@@ -442,7 +490,7 @@ def row_kernel(target: Target, opts: Options, bf16: bool = False, multiply: int 
     from symfuse.codegen.cpu.gemm import gemm_source, tile_for
     from symfuse.runtime.program import linear_rows
 
-    path, _, _ = build(preamble(target) + gemm_source(tile_for(target), bf16, multiply), target, opts)
+    path, _, _ = build(preamble(target) + gemm_source(tile_for(target, chunk), bf16, multiply), target, opts)
     name = "sf_linear_rows_bf16" if bf16 else "sf_linear_rows"
     return linear_rows(ctypes.CDLL(path), name + "_split" if split else name)
 

@@ -38,23 +38,38 @@ class Tile:
         return self.vectors * self.lanes
 
 
-def tile_for(target: Target) -> Tile:
+def tile_for(target: Target, chunk: int = 0) -> Tile:
     """The register tile with the most accumulators that fits (rows*vectors accumulators,
     `vectors` weight vectors, one broadcast). On a tie, the one whose panel row is whole
     cache lines (AVX2: 6x2, 64 bytes a step, over 4x3's 96 bytes, which loads A less but
-    measured 0-25% slower on BERT's layers, `docs/gemm.md`), then the wider one."""
+    measured 0-25% slower on BERT's layers, `docs/gemm.md`), then the wider one. `chunk`:
+    steps of K in a chunk of a panel (0: the first of `chunk_choices`)."""
+    rows, vectors = _tile_shape(target)
+    return Tile(rows, vectors, target.lanes, chunk or chunk_choices(target)[0])
+
+
+def _tile_shape(target: Target) -> tuple[int, int]:
     best = (0, 0, 0, 0)
     for vectors in (1, 2, 3, 4):
         rows = min(8, (target.registers - vectors - 1) // vectors)
         whole_lines = (vectors * target.vector_bytes) % 64 == 0
         if rows >= 1:
             best = max(best, (rows * vectors, whole_lines, vectors, rows))
-    panel_bytes = best[2] * target.lanes * 4
-    # a chunk of weights two thirds of L1, so that it stays there beside A's rows and the tile
-    # while every block of rows uses it (AVX-512 with a 48 KB L1: 128 steps, 32 KB; measured
-    # best of 32 to 256 steps on BERT's layers, docs/benchmarks.md)
-    chunk = max(8, target.l1d * 2 // 3 // panel_bytes // 8 * 8)
-    return Tile(best[3], best[2], target.lanes, chunk)
+    return best[3], best[2]
+
+
+def chunk_choices(target: Target) -> tuple[int, ...]:
+    """The steps of K a chunk of a panel may take, one of which a machine measures once
+    (calibrate.py, "row_chunk"): two thirds of L1, so that the chunk stays there while every
+    block of rows multiplies it (an Intel Xeon with a 48 KiB L1: 128 steps, the best of 32 to
+    256 streaming BERT-base's weights at 16-64 rows), or a quarter of L2, fewer passes over
+    the tile's accumulators (each chunk adds to them in C): on AMD Zen 4, whose 32 KiB L1 gives
+    80 steps, 1024 steps ran bert-small's layers at 64-128 rows 10-16% faster, and BERT-base's
+    streamed from memory 7-13% faster (docs/benchmarks.md)."""
+    panel_bytes = _tile_shape(target)[1] * target.vector_bytes
+    l1 = max(8, target.l1d * 2 // 3 // panel_bytes // 8 * 8)
+    l2 = target.l2 // 4 // panel_bytes // 8 * 8
+    return (l1, l2) if l2 > l1 else (l1,)
 
 
 def pack_panels(w: torch.Tensor, panel: int, bf16: bool = False) -> torch.Tensor:
@@ -126,7 +141,7 @@ _SOURCE = r"""
 // (in BERT-base and GPT-2, weights cold and the input just written a block of rows per thread,
 // 2 threads: 128-192 rows a thread 5-10% faster with it, 512 rows 0-4% slower)
 #define SF_PF_BLOCKS 32
-#define SF_KC @KC@  // steps of K in one chunk of a panel (SF_KC * SF_PANEL floats: two thirds of L1)
+#define SF_KC @KC@  // steps of K in one chunk of a panel (chunk_choices: two thirds of L1 or a quarter of L2)
 template <int MR, bool PF>
 static inline void sf_tile(const float* __restrict__ A, int64_t lda, const float* __restrict__ w,
                            float* __restrict__ C, int64_t ldc, const float* __restrict__ bias, bool add, int64_t n0,
