@@ -1,6 +1,7 @@
 """symfuse's own GEMM for linear layers over few rows, where streaming the weights is the
-cost: all rows pass over each chunk of a panel of packed weights while it sits in L1 (two
-thirds of it), the next chunk is prefetched meanwhile (while a thread has up to 192 rows on
+cost: all rows pass over each chunk of a panel of packed weights while it sits in cache (two
+thirds of L1 or a quarter of L2, measured per machine: `chunk_choices`), the next chunk is
+prefetched meanwhile (while a thread has up to 192 rows on
 AVX-512; past them the hardware's prefetchers keep up, and the tiles run without the
 bookkeeping, as the merged attention's do), and bias and activation are applied
 to the tile while it is in registers and cache. The host picks it or oneDNN per call from
