@@ -170,7 +170,8 @@ class Calibration:
         entries = self._load()
         e = entries.get(key) or _UNKEPT.get((self.path, key))
         if e is None:
-            log.info("symfuse: measuring the %s switch point on this machine (%s), once", key, self.target.isa)
+            what = f"{key.strip()} {'value' if kind in BUILD_KINDS else 'switch point'}"
+            log.info("symfuse: measuring the %s on this machine (%s), once", what, self.target.isa)
             t0, others = time.perf_counter(), OtherProcesses()
             value, timings = self._measure(kind, shape, streamed)
             e = {
@@ -184,11 +185,11 @@ class Calibration:
                 e["busy"] = round(busy, 2)
                 _UNKEPT[self.path, key] = e
                 log.warning(
-                    "symfuse: other processes took %d%% of this process's cores while the %s switch point was"
+                    "symfuse: other processes took %d%% of this process's cores while the %s was"
                     " measured (it came out at %d); this process uses it, but it is not kept: the next process"
                     " measures it again (or set it by hand with SYMFUSE_THRESHOLDS)",
                     round(100 * busy),
-                    key,
+                    what,
                     value,
                 )
             else:
@@ -286,30 +287,40 @@ class Calibration:
 
     def _chunk(self) -> tuple[int, dict]:
         """The row kernel's chunk (`gemm.chunk_choices`): each choice built and timed against the
-        fastest so far on the layers where the chunk matters, threads on panels: 128 rows of
-        a 256->1024 layer with its weights in cache (bert-small's FFN) and 16 rows of a 768->3072
-        layer streaming them from memory (BERT-base's); a choice is taken where the product of
-        its two time ratios is below 1."""
+        fastest so far, on the same weights and inputs, where the chunk matters (threads on
+        panels): 128 rows of a 256->1024 layer with its weights in cache (bert-small's FFN) and
+        16 rows of a 768->3072 layer streaming them from memory (BERT-base's); a choice is taken
+        where the product of its two time ratios is below 1."""
         from symfuse.codegen.cpu.gemm import chunk_choices
 
         choices = chunk_choices(self.target)
+        built = {c: tuple(row_kernel(self.target, self.opts, split=s, chunk=c) for s in (False, True)) for c in choices}
+        which = [choices[0]]  # the chunk whose kernel the calls below run
+        kernel = tuple(lambda *args, s=s: built[which[0]][s](*args) for s in (0, 1))
         best, timings = choices[0], {}
+        layers = [(256, 1024, 128, False), (768, 3072, 16, True)]
+        runs = []
+        for k, n, rows, streamed in layers:
+            setup, run, *_, refresh = self._linear(k, n, streamed, kernel=kernel)
+            runs.append((setup, run, refresh, rows))
+
+        def version(chunk: int, run: Callable[[], float]) -> Callable[[], float]:
+            def timed() -> float:
+                which[0] = chunk
+                return run()
+
+            return timed
+
         for chunk in choices[1:]:
             ratio = 1.0
-            for k, n, rows, streamed in ((256, 1024, 128, False), (768, 3072, 16, True)):
-                setup, first, *_, refresh = self._linear(k, n, streamed, kernel=self._rows(chunk))
-                setup_best, second, *_, refresh_best = self._linear(k, n, streamed, kernel=self._rows(best))
-                setup(rows), setup_best(rows)
-                a, b = _ratio(first, second, lambda: (refresh(), refresh_best()))
+            for (k, n, _, _), (setup, run, refresh, rows) in zip(layers, runs):
+                setup(rows)
+                a, b = _ratio(version(chunk, run), version(best, run), refresh)
                 timings[f"{k}->{n} at {rows} rows: {chunk} vs {best} steps"] = [round(a * 1e3, 4), round(b * 1e3, 4)]
                 ratio *= a / b
             if ratio < 1:
                 best = chunk
         return best, timings
-
-    def _rows(self, chunk: int):
-        """The row kernel built with `chunk`: (threads on panels, threads on rows first)."""
-        return tuple(row_kernel(self.target, self.opts, split=split, chunk=chunk) for split in (False, True))
 
     def _linear(
         self,
