@@ -285,6 +285,9 @@ class Calibration:
             self._kernels[precision] = compile_program(graph, store, forced, target=self.target, force_precision=True)
         return self._kernels[precision]
 
+    # the layers the chunk is timed on: (K, N, rows, weights streamed from memory)
+    LAYERS = ((256, 1024, 128, False), (768, 3072, 16, True))
+
     def _chunk(self) -> tuple[int, dict]:
         """The row kernel's chunk (`gemm.chunk_choices`): each choice built and timed against the
         fastest so far, on the same weights and inputs, where the chunk matters (threads on
@@ -298,11 +301,7 @@ class Calibration:
         which = [choices[0]]  # the chunk whose kernel the calls below run
         kernel = tuple(lambda *args, s=s: built[which[0]][s](*args) for s in (0, 1))
         best, timings = choices[0], {}
-        layers = [(256, 1024, 128, False), (768, 3072, 16, True)]
-        runs = []
-        for k, n, rows, streamed in layers:
-            setup, run, *_, refresh = self._linear(k, n, streamed, kernel=kernel)
-            runs.append((setup, run, refresh, rows))
+        layers = [(k, n, rows, self._linear(k, n, streamed, kernel=kernel)) for k, n, rows, streamed in self.LAYERS]
 
         def version(chunk: int, run: Callable[[], float]) -> Callable[[], float]:
             def timed() -> float:
@@ -313,7 +312,7 @@ class Calibration:
 
         for chunk in choices[1:]:
             ratio = 1.0
-            for (k, n, _, _), (setup, run, refresh, rows) in zip(layers, runs):
+            for k, n, rows, (setup, run, *_, refresh) in layers:
                 setup(rows)
                 a, b = _ratio(version(chunk, run), version(best, run), refresh)
                 timings[f"{k}->{n} at {rows} rows: {chunk} vs {best} steps"] = [round(a * 1e3, 4), round(b * 1e3, 4)]
