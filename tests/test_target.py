@@ -213,7 +213,8 @@ def test_the_row_kernels_chunk_by_hand_builds_it_and_keys_the_switch_points_meas
 ):
     """`row_chunk` set by hand is the chunk the program's row kernel is built with, `explain`
     says so, and the linear switch points measured with it are kept apart from those measured
-    with the chunk the machine chose; a chunk of no steps is refused."""
+    with the chunk the machine chose; a chunk of no steps is refused. A program without the
+    row kernel does not measure the chunk."""
     target = tg.detect("g++")
     calls = []
 
@@ -224,6 +225,8 @@ def test_the_row_kernels_chunk_by_hand_builds_it_and_keys_the_switch_points_meas
     monkeypatch.setattr(Calibration, "_measure", measure)
     g = torch.nn.Linear(40, 24)
     common = dict(cache_dir=str(tmp_path / "k"), machine_dir=str(tmp_path / "m"))
+    plain = symfuse.compile(torch.nn.Softmax(-1), (torch.randn(3, 40),), {"input": {0: "M"}}, **common)
+    assert calls == [] and "walks a weight panel" not in plain.explain(with_graph=False)
     c = symfuse.compile(g, (torch.randn(3, 40),), {"input": {0: "M"}}, thresholds={"row_chunk": 24}, **common)
     assert "#define SF_KC 24" in c.native.generated.source and c.native.tile.chunk == 24
     assert "walks a weight panel 24 steps of K at a time (set by hand" in c.explain(with_graph=False)

@@ -125,12 +125,13 @@ def generate(
     target: Target,
     precision: str = "fp32",
     bf16_multiply: Threshold | None = None,
-    row_chunk: Threshold | None = None,
+    row_chunk: Threshold | Callable[[], Threshold] | None = None,
 ) -> Generated:
     """Lower, plan, schedule and generate C++ for `target` (nothing is built or run);
     `precision="bf16"` stores every float32 buffer and constant in bfloat16, and its row kernel
     multiplies as `bf16_multiply` says (`vdpbf16ps` when None, `gemm.BF16_MULTIPLY`); the
-    float32 row kernel walks its panels `row_chunk` steps of K at a time (`tile_for`'s when None)."""
+    float32 row kernel walks its panels `row_chunk` steps of K at a time (`tile_for`'s when None;
+    a function is called only for a program that has the float32 row kernel)."""
     prog = lower(graph)
     analysis = analyse(prog)
     fp = plan(prog, analysis, store)
@@ -164,6 +165,8 @@ def generate(
     kernels = share(kernels, set(sched.buffers) | {it.name for it in prog.items})
     host = generate_host(sched, kernels, symbols, bf16_rows=bf16)
     host.bf16_multiply = bf16_multiply if bf16 else None
+    if callable(row_chunk):  # measured (once per machine) only where it is used
+        row_chunk = row_chunk() if host.panels and not bf16 else None
     host.row_chunk = row_chunk
     if storage:
         host.source = cast_boundary(host.source, graph, storage)
@@ -232,15 +235,19 @@ def compile_program(
             ways = ", ".join(f"{k} ({v})" for k, v in BF16_MULTIPLY.items())
             raise ValueError(f"threshold bf16_multiply={multiply.value} is not a way to multiply; use one of {ways}")
         t["bf16 row kernel's multiply"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    chunk = Calibration(target, opts).get("row_chunk", ())  # measured once per machine
-    if chunk.value < 1:
-        raise ValueError(f"threshold row_chunk={chunk.value}: a chunk takes at least one step of K")
-    t["row kernel's chunk"] = time.perf_counter() - t0
+
+    def chunk() -> Threshold:
+        t0 = time.perf_counter()
+        found = Calibration(target, opts).get("row_chunk", ())  # measured once per machine
+        if found.value < 1:
+            raise ValueError(f"threshold row_chunk={found.value}: a chunk takes at least one step of K")
+        t["row kernel's chunk"] = time.perf_counter() - t0
+        return found
+
     t0 = time.perf_counter()
     gen = generate(graph, store, target, precision, multiply, chunk)
     host = gen.host
-    t["lower, plan, schedule, generate C++ and host code"] = time.perf_counter() - t0
+    t["lower, plan, schedule, generate C++ and host code"] = time.perf_counter() - t0 - t.get("row kernel's chunk", 0)
     with ThreadPoolExecutor(1) as pool:  # g++ runs while the weights are packed
         building = pool.submit(build, gen.source, target, opts)
         calling = pool.submit(kernel_caller, target, opts)  # then the kernel caller (once a process)

@@ -11,7 +11,7 @@ flattened rows; inside it each member, in program order, computes its row:
   softmax's max over the scores, its sum over the exponentials) is accumulated in that
   loop, not in a pass of its own (`riders`).
 Inner loops carry `#pragma omp simd` (vectorised with the target's flags; exp and erf are
-polynomials the vectoriser keeps in registers, c.py). Every size is a run-time symbol read
+polynomial approximations the vectoriser keeps in registers, c.py). Every size is a run-time symbol read
 from `sym[]`; nothing depends on a symbol's value.
 """
 
