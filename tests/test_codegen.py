@@ -420,20 +420,22 @@ def test_max_and_min_reductions_propagate_nan_as_torch(seeded):
 class Statistics(torch.nn.Module):
     """Row statistics over members of one kernel: a softmax (its max over the scaled scores,
     its sum over the exponentials), a sum over a member that reads a later one, and one that
-    reads its member at another element as well (its first)."""
+    reads its member at another element as well (its first), one that calls libm's tanh."""
 
     def forward(self, x):
         y = x * 0.5
         z = y + 1.0
         first = (y * y[:, :1]).abs().sum(-1, keepdim=True)  # no cancellation: its order of adding is free
-        return torch.softmax(y, -1), (y * z).sum(-1, keepdim=True) + z, y / (first + 1.0)
+        bent = torch.tanh(y).sum(-1, keepdim=True)
+        return torch.softmax(y, -1), (y * z).sum(-1, keepdim=True) + z, y / (first + 1.0), y * bent
 
 
 def test_row_statistics_accumulate_in_the_loop_of_the_member_they_read(seeded, cache):
     """A reduction over a member's row that reads it at the element its loop computes, and
     nothing computed after it, is accumulated in that loop (one pass over the row less: a
     softmax kernel streaming from memory ran 1.6x faster); one that reads the member at
-    another element keeps a loop of its own. NaN, -inf and rows of -inf behave as in torch."""
+    another element, or calls a libm function (scalar where there is no vector math library),
+    keeps a loop of its own. NaN, -inf and rows of -inf behave as in torch."""
     m = Statistics()
     c = symfuse.compile(m, (torch.randn(3, 40),), ({0: "N", 1: "C"},), cache_dir=cache)
     for n, cols in [(1, 1), (2, 16), (5, 37), (7, 64)]:
@@ -448,7 +450,9 @@ def test_row_statistics_accumulate_in_the_loop_of_the_member_they_read(seeded, c
     assert "// softmax_max's max over it" in src and "// softmax_sum's sum over it" in src
     assert src.count("'s sum over it") == 2  # the softmax's and (y * z)'s, in z's loop
     assert "// softmax_max (accumulated above)" in src
-    assert re.search(r"for \(int64_t r\d+_sum_1 = 0;", src)  # the sum with the first element: a loop of its own
+    own_loop = r"for \(int64_t (r\d+_\w+) = 0;.*\n.*"  # a reduction's loop of its own, then its line
+    assert re.search(own_loop + r"\[\1\] \* v_mul\[0\]", src)  # the sum with the first element
+    assert re.search(own_loop + r"tanhf\(v_mul\[\1\]\)", src)  # the sum of tanh
 
 
 def test_the_row_kernels_relu_keeps_a_nan(seeded):

@@ -475,7 +475,10 @@ class _Emitter:
             for r in reductions(self.stat_body(stat)):
                 if len(r.axes) != 1 or r.axes[0][1] != m.shape[-1] or is_window(r) or has_reduce(r.body):
                     continue
-                reads = [ld for ld, _ in loads(_expand(substitute(r.body, {r.axes[0][0]: last}), defs))]
+                body = _expand(substitute(r.body, {r.axes[0][0]: last}), defs)
+                if _calls_libm(body):  # a loop of its own, so that m's loop stays a vector loop where libm's is scalar
+                    continue
+                reads = [ld for ld, _ in loads(body)]
                 mine = [ld for ld in reads if ld.tensor == m.name]
                 if r.dtype is not DType.bool and mine and not any(ld.tensor in after for ld in reads):
                     if all(ld.index[-1] == last and in_row(ld.index, m.axes, m.shape) for ld in mine):
@@ -573,6 +576,17 @@ def _expand(s: Scalar, defs: dict[str, TE]) -> Scalar:
     if isinstance(s, Reduce):
         return Reduce(s.op, _expand(s.body, defs), s.axes, s.dtype)
     return s
+
+
+def _calls_libm(s: Scalar) -> bool:
+    """Does `s` call a libm function (scalar on targets without a vector math library)?"""
+    if isinstance(s, Call):
+        own = s.fn == "sqrt" or (s.fn in ("exp", "erf") and s.dtype is DType.float32)  # an instruction, or c.py's
+        libm = s.fn in _UNARY_F or s.fn in LIBM_UNARY or s.fn in LIBM_BINARY or s.fn == "pow"
+        return (libm and not own) or any(_calls_libm(a) for a in s.args)
+    if isinstance(s, Load):
+        return any(not isinstance(i, sympy.Expr) and _calls_libm(i) for i in s.index)
+    return isinstance(s, Reduce) and _calls_libm(s.body)
 
 
 def _reads_memory(s: Scalar) -> bool:
