@@ -1,6 +1,7 @@
 """The host code's kernel caller (runtime/call.py): the same results as ctypes, clear errors."""
 
 import ctypes
+import re
 
 import pytest
 import torch
@@ -59,6 +60,10 @@ def test_compiled_programs_call_through_it(opts):
     x, idx = torch.randn(5, 24), torch.tensor([0, 3, -1])
     c = symfuse.compile(net, (x, idx), {"x": {0: "B"}, "idx": {0: "I"}}, cache_dir=opts.cache_dir)
     assert c.native.program.fast_calls
+    # the weights' and bias's addresses are read, not asked of their tensors at every call
+    source = c.native.program.source
+    assert re.search(r"\bap_p_\w+, ac_p_\w+", source)
+    assert not re.search(r"\b[cp]_\w+\.data_ptr\(\)", source)
     for b, i in [(1, 1), (13, 4), (16, 2)]:
         x, idx = torch.randn(b, 24), torch.randint(-40, 40, (i,))
         with torch.no_grad():

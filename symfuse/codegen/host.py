@@ -83,7 +83,9 @@ class _Host:
     def ptr(self, name: str) -> str:
         """A buffer's address, for a kernel; `@ptr{name}` until the memory plan says whether the
         buffer is a tensor or only a place in the workspace (`_address_only`)."""
-        if name in self.const or name in self.inputs:
+        if name in self.const:  # its address, taken once when the program is put together
+            return f"a{self.ref(name)}"
+        if name in self.inputs:
             return f"{self.ref(name)}.data_ptr()"
         return f"@ptr{{{name}}}"
 
@@ -175,7 +177,7 @@ class _Host:
                 p = f"p_{st.weight}"
                 self.code.panels[p] = st.weight
                 a = f"{self.ptr(st.a.buffer)} + {self.py(st.a.offset)} * {dtype.torch.itemsize}"
-                b = f"{self.ref(st.bias)}.data_ptr()" if st.bias else "None"
+                b = self.ptr(st.bias) if st.bias else "None"
                 act = activation_code(st.postop)
                 kind = "linear_rows" if dtype is DType.float32 else "linear_rows_bf16"
                 th = self.threshold(st.name, kind, (k, n))
@@ -190,7 +192,7 @@ class _Host:
                 self.code.thresholds[f"th_{split}_{k}_{n}"] = (split, (k, n))
                 call = f"(k.{rows_fn} if {self.py(rows)} <= th_{split}_{k}_{n} else k.{rows_fn}_split)"
                 out.append(
-                    f"    {call}({a}, {self.py(lda)}, {p}.data_ptr(), {b}, {self.ptr(st.out)}, "
+                    f"    {call}({a}, {self.py(lda)}, a{p}, {b}, {self.ptr(st.out)}, "
                     f"{n}, {self.py(rows)}, {n}, {k}, {act})"
                 )
                 out.append("else:")

@@ -148,6 +148,7 @@ class Program(HostProgram):
             "torch": torch,
             "now": time.perf_counter,
             **tensors,
+            **addresses(tensors),
             **functions,
             **self.thresholds,
         }
@@ -171,6 +172,13 @@ class Program(HostProgram):
     def __call__(self, inputs: list[torch.Tensor], binding: dict[str, int]) -> list[torch.Tensor]:
         with torch.no_grad():
             return self._run(inputs, binding)
+
+
+def addresses(tensors: dict[str, object]) -> dict[str, int]:
+    """The address of each prepared tensor (a constant `c_x`, packed weights `p_w`) as the host
+    code names it (`ac_x`, `ap_w`): they stay where they are for the program's life, so a call
+    reads an integer instead of asking each tensor (0.17 us a time, 63 times a bert-small call)."""
+    return {f"a{k}": t.data_ptr() for k, t in tensors.items() if isinstance(t, torch.Tensor)}
 
 
 def linear_rows(lib: ctypes.CDLL, name: str = "sf_linear_rows"):
