@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from symfuse.runtime.program import HostProgram, Workspaces, _view, addresses, slot_error
+from symfuse.runtime.program import HostProgram, Workspaces, _view, slot_error
 
 ELEMENTS_PER_PROGRAM = 1024
 
@@ -125,7 +125,6 @@ class GpuProgram(HostProgram):
             "torch": torch,
             "now": now,
             **tensors,
-            **addresses(tensors),
             **functions,
         }
         exec(compile(source, "<symfuse host>", "exec"), ns)  # noqa: S102

@@ -473,14 +473,15 @@ class _Emitter:
             if not row_scalar(stat):
                 continue
             for r in reductions(self.stat_body(stat)):
-                if len(r.axes) != 1 or r.axes[0][1] != m.shape[-1] or is_window(r) or has_reduce(r.body):
+                single = len(r.axes) == 1 and r.axes[0][1] == m.shape[-1] and r.dtype is not DType.bool
+                if not single or is_window(r) or has_reduce(r.body):
                     continue
                 body = _expand(substitute(r.body, {r.axes[0][0]: last}), defs)
                 if _calls_libm(body):  # a loop of its own, so that m's loop stays a vector loop where libm's is scalar
                     continue
                 reads = [ld for ld, _ in loads(body)]
                 mine = [ld for ld in reads if ld.tensor == m.name]
-                if r.dtype is not DType.bool and mine and not any(ld.tensor in after for ld in reads):
+                if mine and not any(ld.tensor in after for ld in reads):
                     if all(ld.index[-1] == last and in_row(ld.index, m.axes, m.shape) for ld in mine):
                         found.append((stat.name, r))
         return found
@@ -492,10 +493,11 @@ class _Emitter:
 
     def member(self, m: TE) -> None:
         ct = CTYPE[m.dtype]
-        done = row_scalar(m) and 0 < len(rs := reductions(self.stat_body(m))) and all(r in self.riding for r in rs)
-        self.line(f"// {m.name}" + (" (accumulated above)" if done else ""))
         if row_scalar(m):  # one value per row: straight-line code, a const local when kept
-            code = self.typed(self.stat_body(m), m.dtype)
+            body = self.stat_body(m)
+            done = reductions(body) and all(r in self.riding for r in reductions(body))
+            self.line(f"// {m.name}" + (" (accumulated above)" if done else ""))
+            code = self.typed(body, m.dtype)
             if m.name in self.local:
                 self.line(f"const {ct} v_{m.name} = {code};")
             else:
@@ -503,6 +505,7 @@ class _Emitter:
                 addr = self.c(address(index, self.buffers[m.name].strides))
                 self.line(f"{m.name}[{addr}] = {self.stored(m.name, code)};")
             return
+        self.line(f"// {m.name}")
         last = m.axes[-1].name
         if m.name in self.local:
             self.scratch_lines.append(f"std::unique_ptr<{ct}[]> row_{m.name}(new {ct}[{self.c(m.shape[-1])}]);")
