@@ -185,6 +185,14 @@ def _steps_section(native) -> list[str]:
     if native.thresholds:
         out.append("version switch points (the host picks a version per call from the size):")
         out += [f"  {th.describe()}" for th in sorted(native.thresholds.values(), key=lambda t: (t.kind, t.shape))]
+    host = getattr(native, "host", None)
+    if getattr(host, "run", None) is not None:
+        out.append(
+            "host code: one C++ call (sf_run) runs the whole call, every step in one parallel region, at "
+            "bindings where every step runs symfuse's own version; else Python calls the steps one by one"
+        )
+    elif getattr(host, "run_missing", ""):
+        out.append(f"host code: Python calls the steps one by one (no single C++ call: {host.run_missing})")
     prog = getattr(native, "program", None)
     if prog is not None:
         cap = "no cap" if prog.workspace_cap is None else f"cap {prog.workspace_cap:,} bytes per thread"

@@ -176,7 +176,8 @@ def generate(
     merged = any(isinstance(st, AttentionStep) and st.name in kernels for st in sched.steps)
     gemm = gemm_source(tile, bf16, multiply) if host.panels or merged else ""
     own = "\n\n".join(k.source for k in kernels.values() if not k.function)
-    source = preamble(target) + gemm + (LSTM_SOURCE if host.lstm else "") + "\n" + own + "\n"
+    run = "\n" + host.run.source if host.run else ""  # the whole call, where every step is the library's
+    source = preamble(target) + gemm + (LSTM_SOURCE if host.lstm else "") + "\n" + own + "\n" + run
     return Generated(prog, fp, sched, kernels, gathers, host, source, tile, symbols)
 
 
@@ -197,7 +198,7 @@ def share(kernels: dict[str, KernelSource], names: set[str]) -> dict[str, Kernel
 
         def placeholder(m: re.Match, seen=seen, own=name) -> str:
             word = m.group(0)
-            if word != own and word not in names and _LOCAL.sub("", word) not in names:
+            if word not in (own, f"{own}_team") and word not in names and _LOCAL.sub("", word) not in names:
                 return word
             return seen.setdefault(word, f"@{len(seen)}")
 
@@ -292,7 +293,8 @@ def link(
 
     functions = opaque_functions(host.recipes, step)
     values = {name: th.value for name, th in thresholds.items()}
-    return Program(host.source, library, host.kernels, n_symbols, tensors, functions, describe, values, caller)
+    run = 4 + len(host.run.params) if host.run else 0
+    return Program(host.source, library, host.kernels, n_symbols, tensors, functions, describe, values, caller, run)
 
 
 def switch_points(wanted: dict[str, tuple[str, tuple[int, ...]]], target: Target, opts: Options, linear_bytes: int):

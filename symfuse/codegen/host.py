@@ -20,6 +20,7 @@ from symfuse import ops
 from symfuse.codegen.cpu.calibrate import ANY_HEAD, ROWS, Threshold
 from symfuse.codegen.cpu.gemm import activation_code
 from symfuse.codegen.cpu.kernel import KernelSource
+from symfuse.codegen.cpu.run import RunCode, native_run
 from symfuse.ir.dims import to_python
 from symfuse.ir.dtypes import DType
 from symfuse.options import library_kind, split_kind
@@ -51,10 +52,13 @@ class HostCode:
     row_chunk: Threshold | None = None  # steps of K in a chunk of the row kernel's panels (gemm.chunk_choices)
     lstm: bool = False  # an LSTM runs on the library's recurrence (codegen/cpu/lstm.py)
     conv_weights: tuple[str, ...] = ()  # constant convolution weights, prepared once (runtime/program.py: ConvWeights)
+    run: RunCode | None = None  # the whole call in C++ where every step runs in the library (codegen/cpu/run.py)
+    run_missing: str = ""  # else why not
 
 
 class _Host:
     native_symbols = True  # kernels read the symbols through `sym_p`, the address of `sym`
+    native_run = True  # a call may run in C++ (`sf_run`) at bindings where every step is the library's
 
     def __init__(
         self, sched: Schedule, kernels: dict[str, KernelSource], symbols: list[str], bf16_rows: bool = False
@@ -67,6 +71,7 @@ class _Host:
         g = sched.graph
         self.const = {v.name for v in g.constants}
         self.inputs = [v.name for v in g.inputs]
+        self.versions: list[str] = []  # the conditions under which each step runs the library's own version
 
     def py(self, e) -> str:
         return to_python(e, self.names)
@@ -185,7 +190,9 @@ class _Host:
                 # above the band up to the largest size measured (calibrate.py)
                 band = f"th_{library_kind(kind)}_{k}_{n}"
                 self.code.thresholds[band] = (library_kind(kind), (k, n))
-                out.append(f"if {self.py(rows)} <= {th} or {band} < {self.py(rows)} <= {ROWS[-1]}:")
+                own = f"{self.py(rows)} <= {th} or {band} < {self.py(rows)} <= {ROWS[-1]}"
+                self.versions.append(f"({own})")
+                out.append(f"if {own}:")
                 out.append("    " + self.alloc(st.out))
                 # its threads split the panels, or above a switch point the rows first
                 split = split_kind(kind)
@@ -245,6 +252,7 @@ class _Host:
             if self.s.buffers[st.scores.a.buffer].dtype is DType.bfloat16:  # measured apart: other kernels
                 kind += "_bf16"
             th = self.threshold(st.name, kind, head)
+            self.versions.append(f"{keys} <= {th}")
             out, pad = [f"if {keys} <= {th}:"], "    "
             out += [pad + line for line in self.native(st)]
             out.append("else:")
@@ -311,16 +319,51 @@ class _Host:
         self.libraries = {
             m.group(2) for lines in body for line in lines for m in _MARK.finditer(line) if m.group(1) == "lib"
         }
+        if self.native_run:
+            made = {ln.split()[1] for lines in body for ln in lines if ln.strip().startswith("@alloc ")}
+            self.run_outputs = [n for n in dict.fromkeys(s.outputs) if n in made]  # sf_run's outputs
+            self.code.run, self.code.run_missing = native_run(self, self.run_outputs)
         body = [[self.resolve(ln, mem, self.places) for ln in lines] for lines in body]
-        self.code.source = self.function("run", body, last, keep, timed=False)
+        self.code.source = self.run_tables() + self.function("run", body, last, keep, timed=False)
         self.code.source += "\n\n" + self.function("run_timed", body, last, keep, timed=True)
         return self.code
 
+    def run_tables(self) -> str:
+        """What `sf_run` reads besides a call's own addresses, made once: the constants' addresses
+        and the switch points (`Program.set_threshold` writes them there too)."""
+        run = self.code.run
+        if run is None:
+            return ""
+        return (
+            f"run_constants = Int64s({', '.join(f'a{c}' for c in run.constants)})\n"
+            f"run_threshold_names = ({''.join(f'{t!r}, ' for t in run.thresholds)})\n"
+            f"run_thresholds = Int64s({', '.join(run.thresholds)})\n"
+            "aca, ath = addressof(run_constants), addressof(run_thresholds)\n\n\n"
+        )
+
+    def run_call(self) -> list[str]:
+        """The call in C++ (`sf_run`), at bindings where every step runs the library's own version:
+        the outputs allocated here, every step there (codegen/cpu/run.py)."""
+        versions = " and ".join(["whole", *dict.fromkeys(self.versions)])
+        out = [f"    if {versions}:  # every step in the library's own kernels: one C++ call"]
+        pad = "        "
+        for n in self.run_outputs:
+            b = self.s.buffers[n]
+            out.append(f"{pad}t_{n} = empty_strided({self.tup(b.shape)}, {self.tup(b.strides)}, dtype={b.dtype.torch})")
+        ptrs = [f"t_{n}.data_ptr()" for n in self.inputs + self.run_outputs]
+        ws = "wsp" if self.memory.slot_sizes else "0"
+        out.append(f"{pad}k.sf_run(sym_p, {ws}, ath, aca, {', '.join(ptrs)})")
+        out.append(f"{pad}check(sym)")
+        out.append(f"{pad}return [" + ", ".join(self.ref(n) for n in self.s.outputs) + "]")
+        return out
+
     def function(self, name: str, body: list[list[str]], last: dict, keep: set, timed: bool) -> str:
-        """`run(inputs, b)`; `run_timed(inputs, b, tick)` also calls `tick(step, seconds)` with the
-        time spent in each step's kernel and library calls."""
+        """`run(inputs, b)` (with `whole=False`, step by step where `sf_run` would take the call);
+        `run_timed(inputs, b, tick)`, step by step, also calls `tick(step, seconds)` with the time
+        spent in each step's kernel and library calls."""
         s = self.s
-        out = [f"def {name}(inputs, b{', tick' if timed else ''}):"]
+        args = ", tick" if timed else ", whole=True" if self.code.run is not None else ""
+        out = [f"def {name}(inputs, b{args}):"]
         out += [f"    s_{n} = b[{n!r}]" for n in self.symbols]
         # the symbols, then this call's error slot (bad index, extent, site; see sf_index)
         out.append(f"    sym = Sym({', '.join([f's_{n}' for n in self.symbols] + ['-1', '0', '-1'])})")
@@ -337,6 +380,8 @@ class _Host:
             dtypes = sorted({s.buffers[n].dtype.name for n in mem.slot_of})
             out += [f"    ws_{d} = ws.view(torch.{d})" for d in dtypes]
         out += [f"    t_{n} = inputs[{i}].contiguous()" for i, n in enumerate(self.inputs)]
+        if self.code.run is not None and not timed:
+            out += self.run_call()
         for i, lines in enumerate(body):
             if timed:  # time the compute calls alone: what is left of a call is overhead
                 calls = [j for j, line in enumerate(lines) if _is_compute(line)]

@@ -84,9 +84,11 @@ class Program(HostProgram):
         describe: Callable[[int], str],
         thresholds: dict[str, int] | None = None,
         caller: Callable | None = None,
+        run: int = 0,
     ) -> None:
         """`caller`: `runtime.call`'s Kernel type, which the host code calls kernels through
-        (else ctypes)."""
+        (else ctypes); `run`: the number of arguments of the library's `sf_run` (a whole call in
+        C++, codegen/cpu/run.py), 0 where it has none."""
         self.source = source
         self.library = library
         lib = ctypes.CDLL(library)
@@ -106,6 +108,11 @@ class Program(HostProgram):
         for name in ("sf_linear_rows", "sf_linear_rows_split", "sf_linear_rows_bf16", "sf_linear_rows_bf16_split"):
             if hasattr(lib, name):
                 setattr(ks, name, linear_rows(lib, name))
+        self.whole = bool(run)  # the library has sf_run
+        if run:
+            lib.sf_run.argtypes = [ctypes.c_void_p] * run
+            lib.sf_run.restype = None
+            ks.sf_run = lib.sf_run
         if hasattr(lib, "sf_lstm"):  # (G, W_hh, h, c, out, ld_out, T, B, H, reverse)
             lib.sf_lstm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5
             lib.sf_lstm.restype = None
@@ -135,6 +142,7 @@ class Program(HostProgram):
             "workspace": self.workspaces.get,
             "Sym": sym_t,
             "addressof": ctypes.addressof,
+            "Int64s": lambda *values: (ctypes.c_int64 * len(values))(*values),
             "k": ks,
             "check": check,
             "empty_strided": self.outputs.empty_strided,
@@ -168,10 +176,14 @@ class Program(HostProgram):
         if name not in self.thresholds:
             raise KeyError(f"no threshold {name!r}; this program has {', '.join(self.thresholds) or 'none'}")
         self.thresholds[name] = self._ns[name] = int(value)
+        if name in self._ns.get("run_threshold_names", ()):  # what sf_run reads
+            self._ns["run_thresholds"][self._ns["run_threshold_names"].index(name)] = int(value)
 
-    def __call__(self, inputs: list[torch.Tensor], binding: dict[str, int]) -> list[torch.Tensor]:
+    def __call__(self, inputs: list[torch.Tensor], binding: dict[str, int], whole: bool = True) -> list[torch.Tensor]:
+        """One call; `whole=False` runs it step by step even where the library's `sf_run` would
+        take it whole (to compare the two)."""
         with torch.no_grad():
-            return self._run(inputs, binding)
+            return self._run(inputs, binding, whole=False) if not whole and self.whole else self._run(inputs, binding)
 
 
 def addresses(tensors: dict[str, object]) -> dict[str, int]:

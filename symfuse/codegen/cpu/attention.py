@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sympy
 
-from symfuse.codegen.cpu.c import STORAGE, CodegenError, cidx
+from symfuse.codegen.cpu.c import STORAGE, CodegenError, cidx, team_entry
 from symfuse.codegen.cpu.kernel import KernelSource, _Emitter
 from symfuse.ir.dims import fmt_shape
 from symfuse.ir.dtypes import DType
@@ -290,11 +290,10 @@ def emit_attention(
             "  }",
             "}",
         ]
-    lines.append(f'extern "C" void {st.name}({", ".join(sig)}) {{')
-    lines.append("  #pragma omp parallel")
-    lines.append("  {")
-    lines += ["    " + x for x in em.symbol_lines(body)]
-    lines += ["    " + x for x in body]
-    lines += ["  }", "}"]
+    lines.append(f"static void {st.name}_team({', '.join(sig)}) {{")
+    lines += ["  " + x for x in em.symbol_lines(body)]
+    lines += ["  " + x for x in body]
+    lines.append("}")
+    lines += team_entry(st.name, sig)
     args = [st.out, q.buffer, kt.buffer, v.buffer, *ins]
     return KernelSource(st.name, "\n".join(lines), args, 1)

@@ -5,6 +5,7 @@ use, and the printer of index expressions."""
 from __future__ import annotations
 
 import math
+import re
 
 import sympy
 
@@ -222,3 +223,17 @@ def literal(v, dt: DType) -> str:
     s = repr(v)
     s = s if ("." in s or "e" in s) else s + ".0"
     return s + ("f" if dt is DType.float32 else "")
+
+
+def team_entry(name: str, sig: list[str], parallel: str = "") -> list[str]:
+    """The kernel `name` callable on its own: its parallel region (only `if (parallel)`, a C++
+    condition on the parameters, when given), each thread of it running `name_team`, the
+    kernel's body with its loop shared among the threads of whichever team calls it (orphaned
+    work-sharing: `sf_run` calls the `_team` functions of a whole call in one region)."""
+    args = ", ".join(re.findall(r"(\w+)$", p)[0] for p in sig)
+    return [
+        f'extern "C" void {name}({", ".join(sig)}) {{',
+        f"  #pragma omp parallel{f' if ({parallel})' if parallel else ''}",
+        f"  {name}_team({args});",
+        "}",
+    ]

@@ -234,38 +234,42 @@ struct sf_grid {
 // stream: the next chunk, then the next panel), so a thread waits for one chunk, not a panel,
 // before its first products. The threads split the panels (`sf_linear_rows`) or, first, the
 // blocks of rows (`sf_linear_rows_split`, `sf_grid`); which one wins depends on the shape and the
-// machine, so the host picks per call at a switch point measured per layer (calibrate.py)
-static void sf_rows_gemm(const float* A, int64_t lda, const float* Wp, const float* bias, float* C, int64_t ldc,
-                         int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first) {
+// machine, so the host picks per call at a switch point measured per layer (calibrate.py).
+// `sf_rows_gemm_team` is one thread's share, run by every thread of the caller's team (its own in
+// `sf_rows_gemm`, a whole call's in `sf_run`, which ends it with a barrier)
+static void sf_rows_gemm_team(const float* A, int64_t lda, const float* Wp, const float* bias, float* C,
+                              int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first) {
   const int64_t panels = (N + SF_PANEL - 1) / SF_PANEL, blocks = (M + SF_MR - 1) / SF_MR;
-  const int64_t team = sf_grid::threads(panels, blocks, rows_first);
-#pragma omp parallel num_threads(team) if (team > 1)
-  {
-    const sf_grid g = sf_grid::mine(panels, blocks, M, 1, rows_first);
-    // in chunks while the thread's block of C in the panel (added to once a chunk) is at most two
-    // chunks' size
-    const int64_t kc = g.m1 - g.m0 <= 2 * SF_KC ? std::min<int64_t>(K, SF_KC) : K;
-    const int64_t lines = kc * SF_PANEL / 16;  // 64-byte lines in one chunk
-    // lines of the next chunk a tile of rows prefetches
-    const int64_t mine = std::max<int64_t>(1, (g.m1 - g.m0 + SF_MR - 1) / SF_MR), share = (lines + mine - 1) / mine;
-    for (int64_t p = g.p0; p < g.p1; ++p) {
-      const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
-      for (int64_t k0 = 0; k0 < K; k0 += kc) {
-        const int64_t kk = std::min(kc, K - k0);
-        const float* w = Wp + (p * K + k0) * SF_PANEL;
-        const bool more = mine > 1 && mine <= SF_PF_BLOCKS && (k0 + kk < K || p + 1 < g.p1);
-        const sf_tile_fn* tiles = more ? sf_tiles_pf : sf_tiles;
-        for (int64_t m0 = g.m0; m0 < g.m1; m0 += SF_MR) {
-          const int64_t mr = std::min<int64_t>(SF_MR, g.m1 - m0), first = (m0 - g.m0) / SF_MR * share;
-          const int64_t pf = more ? std::max<int64_t>(0, std::min(share, lines - first)) : 0;
-          tiles[mr - 1](A + m0 * lda + k0, lda, w, C + m0 * ldc, ldc, bias, k0 > 0, n0, nn, kk,
-                        w + kk * SF_PANEL + first * 16, pf);
-          if (act && k0 + kk == K)  // the epilogue, on the tile while it is in cache
-            for (int64_t m = m0; m < m0 + mr; ++m) sf_activate(C + m * ldc + n0, nn, act);
-        }
+  const sf_grid g = sf_grid::mine(panels, blocks, M, 1, rows_first);
+  // in chunks while the thread's block of C in the panel (added to once a chunk) is at most two
+  // chunks' size
+  const int64_t kc = g.m1 - g.m0 <= 2 * SF_KC ? std::min<int64_t>(K, SF_KC) : K;
+  const int64_t lines = kc * SF_PANEL / 16;  // 64-byte lines in one chunk
+  // lines of the next chunk a tile of rows prefetches
+  const int64_t mine = std::max<int64_t>(1, (g.m1 - g.m0 + SF_MR - 1) / SF_MR), share = (lines + mine - 1) / mine;
+  for (int64_t p = g.p0; p < g.p1; ++p) {
+    const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
+    for (int64_t k0 = 0; k0 < K; k0 += kc) {
+      const int64_t kk = std::min(kc, K - k0);
+      const float* w = Wp + (p * K + k0) * SF_PANEL;
+      const bool more = mine > 1 && mine <= SF_PF_BLOCKS && (k0 + kk < K || p + 1 < g.p1);
+      const sf_tile_fn* tiles = more ? sf_tiles_pf : sf_tiles;
+      for (int64_t m0 = g.m0; m0 < g.m1; m0 += SF_MR) {
+        const int64_t mr = std::min<int64_t>(SF_MR, g.m1 - m0), first = (m0 - g.m0) / SF_MR * share;
+        const int64_t pf = more ? std::max<int64_t>(0, std::min(share, lines - first)) : 0;
+        tiles[mr - 1](A + m0 * lda + k0, lda, w, C + m0 * ldc, ldc, bias, k0 > 0, n0, nn, kk,
+                      w + kk * SF_PANEL + first * 16, pf);
+        if (act && k0 + kk == K)  // the epilogue, on the tile while it is in cache
+          for (int64_t m = m0; m < m0 + mr; ++m) sf_activate(C + m * ldc + n0, nn, act);
       }
     }
   }
+}
+static void sf_rows_gemm(const float* A, int64_t lda, const float* Wp, const float* bias, float* C, int64_t ldc,
+                         int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first) {
+  const int64_t team = sf_grid::threads((N + SF_PANEL - 1) / SF_PANEL, (M + SF_MR - 1) / SF_MR, rows_first);
+#pragma omp parallel num_threads(team) if (team > 1)
+  sf_rows_gemm_team(A, lda, Wp, bias, C, ldc, M, N, K, act, rows_first);
 }
 extern "C" void sf_linear_rows(const float* A, int64_t lda, const float* Wp, const float* bias, float* C,
                                int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act) {

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from symfuse.codegen.cpu.c import CTYPE, STORAGE, CodegenError, cidx, literal
+from symfuse.codegen.cpu.c import CTYPE, STORAGE, CodegenError, cidx, literal, team_entry
 from symfuse.ir.dims import Dim, dim, fmt_shape
 from symfuse.ir.dtypes import DType
 from symfuse.ops.elementwise import LIBM_BINARY, LIBM_UNARY
@@ -401,7 +401,7 @@ class _Emitter:
         outs = list(st.outputs)
         ins = self.prepare(outs)
         rows = st.rows
-        body = self.body(rows, 3)
+        body = self.body(rows, 2)
         self.depth = 0
         sig = [f"{STORAGE[self.buffers[n].dtype]}* __restrict__ {n}" for n in outs]
         sig += [f"const {STORAGE[self.buffers[n].dtype]}* __restrict__ {n}" for n in ins]
@@ -414,16 +414,9 @@ class _Emitter:
             header.append(f"//   loops over its outputs' dims in the order {st.order}, the order they are stored in")
         header += [f"//   {m.name}{fmt_shape(m.shape)} = {fmt_short(m.body)}" for m in st.members]
         self.line("\n".join(header))
-        self.line(f'extern "C" void {st.name}({", ".join(sig)}) {{')
+        self.line(f"static void {st.name}_team({', '.join(sig)}) {{")
         self.depth = 1
-        # symbols are read inside the parallel region: locals there keep the loops vectorisable
-        raw = {sym: f"sym[{self.symbols.index(sym.name)}]" for sym in self.sizes}
-        # elements touched a row: each member's, times those its reductions go over for each
-        work = " + ".join(cidx(m.shape[-1] * reduced_elements(m.body), raw) for m in st.members if m.shape) or "1"
-        self.line(f"const bool parallel = (row_end - row_begin) * ({work}) > 16384;")
-        self.line("#pragma omp parallel if (parallel)")
-        self.line("{")
-        self.depth = 2
+        # symbols are read by each thread: locals keep the loops vectorisable
         for s in self.symbol_lines(body):
             self.line(s)
         for s in self.scratch_lines:
@@ -432,10 +425,13 @@ class _Emitter:
         self.line("for (int64_t row = row_begin; row < row_end; ++row) {")
         self.lines += body
         self.line("}")
-        self.depth = 1
-        self.line("}")
         self.depth = 0
         self.line("}")
+        raw = {sym: f"sym[{self.symbols.index(sym.name)}]" for sym in self.sizes}
+        # on its own, in parallel above 16384 elements touched (a row: each member's, times those
+        # its reductions go over for each)
+        work = " + ".join(cidx(m.shape[-1] * reduced_elements(m.body), raw) for m in st.members if m.shape) or "1"
+        self.lines += team_entry(st.name, sig, f"(row_end - row_begin) * ({work}) > 16384")
         return KernelSource(st.name, "\n".join(self.lines), outs + ins, len(outs))
 
     def row_body(self, rows: tuple[Dim, ...] | None, depth: int) -> None:
