@@ -68,6 +68,7 @@ def test_every_step_in_one_parallel_region_where_every_step_is_the_librarys(comp
     assert run.count("#pragma omp parallel") == 1  # one region; each step's loop is shared in it
     assert any(isinstance(st, AttentionStep) and st.name in c.native.kernels for st in c.native.schedule.steps)
     assert "_attention_team(" in run and "sf_rows_gemm_team(" in run and "#pragma omp barrier" in run
+    assert "host code: one C++ call (sf_run) runs the whole call" in c.explain(with_graph=False)
     whole, stepwise = counted(prog, "sf_run"), counted(prog, layer_norm(c))
     before = symfuse.compile_count()
     gen = torch.Generator().manual_seed(2)

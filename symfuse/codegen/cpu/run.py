@@ -101,7 +101,7 @@ class _Run:
         m = self.c(rows)
         offset = f" + {self.c(st.a.offset)} * 4" if st.a.offset != 0 else ""
         a = f"sf_addr{{{self.addr(st.a.buffer)}{offset}}}"
-        bias = f"sf_addr{{{self.const(f'c_{st.bias}')}}}" if st.bias else "nullptr"
+        bias = f"sf_addr{{{self.addr(st.bias)}}}" if st.bias else "nullptr"
         split = self.threshold(f"th_{split_kind('linear_rows')}_{k}_{n}")
         out = [
             f"sf_rows_gemm_team({a}, {self.c(lda)}, sf_addr{{{self.const(f'p_{st.weight}')}}}, {bias}, "
