@@ -126,7 +126,7 @@ def terminal(result: dict) -> str:
     parts += ["", _text_table(ENGINE_HEADER, engine_lines(result)), "", physics_text(result.get("physics", {}))]
     for name, prof in profiles(result).items():
         at = result["config"]["bindings"][-1]
-        parts += ["", f"profile of one {name} call at {at}:", _text_table(PROFILE_HEADER, prof)]
+        parts += ["", f"profile of one {name} call at {at}, step by step:", _text_table(PROFILE_HEADER, prof)]
     return "\n".join(parts)
 
 
@@ -141,7 +141,8 @@ def markdown(result: dict) -> str:
         physics_text(result.get("physics", {})),
     ]  # fmt: skip
     for name, prof in profiles(result).items():
-        parts += ["", f"Profile of one {name} call at {cfg['bindings'][-1]}:", "", _md_table(PROFILE_HEADER, prof)]
+        at = cfg["bindings"][-1]
+        parts += ["", f"Profile of one {name} call at {at}, step by step:", "", _md_table(PROFILE_HEADER, prof)]
     return "\n".join(parts) + "\n"
 
 

@@ -86,7 +86,8 @@ def _timed(fn) -> float:
 
 def profile_symfuse(compiled, inputs: dict) -> list[dict]:
     """Time, bytes moved and FLOPs of each kind of step of one call of the compiled program
-    (median of 5 profiled calls per step)."""
+    (median of 5 profiled calls per step), run step by step: each step in its own parallel region,
+    also where the call itself would run as one C++ call (`sf_run`)."""
     import statistics
 
     from symfuse.ir.dims import evaluate
