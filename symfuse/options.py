@@ -28,6 +28,11 @@ def library_kind(rows_kind: str) -> str:
     return rows_kind.replace("linear_rows", "linear_library")
 
 
+def threshold_name(kind: str, shape: tuple[int, ...]) -> str:
+    """The host code's name for the switch point of `kind` at `shape` (`th_linear_split_256_768`)."""
+    return f"th_{kind}_{'_'.join(map(str, shape))}"
+
+
 def rows_kind(library: str) -> str:
     """The `linear_rows` kind a `linear_library` kind goes with (the inverse of `library_kind`)."""
     return library.replace("linear_library", "linear_rows")

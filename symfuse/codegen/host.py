@@ -23,7 +23,7 @@ from symfuse.codegen.cpu.kernel import KernelSource
 from symfuse.codegen.cpu.run import RunCode, native_run
 from symfuse.ir.dims import to_python
 from symfuse.ir.dtypes import DType
-from symfuse.options import library_kind, split_kind
+from symfuse.options import library_kind, split_kind, threshold_name
 from symfuse.reference import attr_evaluator
 from symfuse.schedule.attention import AttentionStep
 from symfuse.schedule.channels_last import NHWC
@@ -58,7 +58,7 @@ class HostCode:
 
 class _Host:
     native_symbols = True  # kernels read the symbols through `sym_p`, the address of `sym`
-    native_run = True  # a call may run in C++ (`sf_run`) at bindings where every step is the library's
+    whole_calls = True  # a call may run in C++ (`sf_run`) at bindings where every step is the library's
 
     def __init__(
         self, sched: Schedule, kernels: dict[str, KernelSource], symbols: list[str], bf16_rows: bool = False
@@ -129,7 +129,7 @@ class _Host:
         return {"ptr": f"t_{name}.data_ptr()", "buf": f"t_{name}", "off": ""}[what]
 
     def threshold(self, step: str, kind: str, shape: tuple[int, ...]) -> str:
-        name = f"th_{kind}_{'_'.join(map(str, shape))}"
+        name = threshold_name(kind, shape)
         self.code.thresholds[name] = (kind, shape)
         self.code.step_thresholds[step] = name
         return name
@@ -188,7 +188,7 @@ class _Host:
                 th = self.threshold(st.name, kind, (k, n))
                 # oneDNN above the switch point, or in a band above it and the row kernel again
                 # above the band up to the largest size measured (calibrate.py)
-                band = f"th_{library_kind(kind)}_{k}_{n}"
+                band = threshold_name(library_kind(kind), (k, n))
                 self.code.thresholds[band] = (library_kind(kind), (k, n))
                 own = f"{self.py(rows)} <= {th} or {band} < {self.py(rows)} <= {ROWS[-1]}"
                 self.versions.append(f"({own})")
@@ -196,8 +196,8 @@ class _Host:
                 out.append("    " + self.alloc(st.out))
                 # its threads split the panels, or above a switch point the rows first
                 split = split_kind(kind)
-                self.code.thresholds[f"th_{split}_{k}_{n}"] = (split, (k, n))
-                call = f"(k.{rows_fn} if {self.py(rows)} <= th_{split}_{k}_{n} else k.{rows_fn}_split)"
+                self.code.thresholds[threshold_name(split, (k, n))] = (split, (k, n))
+                call = f"(k.{rows_fn} if {self.py(rows)} <= {threshold_name(split, (k, n))} else k.{rows_fn}_split)"
                 out.append(
                     f"    {call}({a}, {self.py(lda)}, a{p}, {b}, {self.ptr(st.out)}, "
                     f"{n}, {self.py(rows)}, {n}, {k}, {act})"
@@ -319,7 +319,7 @@ class _Host:
         self.libraries = {
             m.group(2) for lines in body for line in lines for m in _MARK.finditer(line) if m.group(1) == "lib"
         }
-        if self.native_run:
+        if self.whole_calls:
             made = {ln.split()[1] for lines in body for ln in lines if ln.strip().startswith("@alloc ")}
             self.run_outputs = [n for n in dict.fromkeys(s.outputs) if n in made]  # sf_run's outputs
             self.code.run, self.code.run_missing = native_run(self, self.run_outputs)
@@ -372,8 +372,7 @@ class _Host:
         mem = self.memory
         if mem.slot_sizes:  # slot offsets in the workspace for this binding
             out.append("    z0 = 0")
-            for k, sizes in enumerate(mem.slot_sizes):
-                size = sizes[0] if len(sizes) == 1 else sympy.Max(*sizes)
+            for k, size in enumerate(mem.slot_bytes()):
                 out.append(f"    z{k + 1} = z{k} + {self.py(size)}")
             out.append(f"    ws = workspace(z{len(mem.slot_sizes)})")
             out.append("    wsp = ws.data_ptr()")

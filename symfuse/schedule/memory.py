@@ -24,6 +24,10 @@ class MemoryPlan:
     slot_of: dict[str, int]  # buffer -> slot
     slot_sizes: list[list[Dim]]  # per slot, the byte sizes of its buffers (the slot is their max)
 
+    def slot_bytes(self) -> list[Dim]:
+        """Each slot's size: the largest of its buffers'."""
+        return [sizes[0] if len(sizes) == 1 else sympy.Max(*sizes) for sizes in self.slot_sizes]
+
 
 def plan_memory(defs: list[list[str]], uses: list[set[str]], sizes: dict[str, Dim]) -> MemoryPlan:
     """defs[i]: buffers step i writes (planned ones only); uses[i]: buffers it reads."""

@@ -23,7 +23,7 @@ import sympy
 from symfuse.codegen.cpu.c import cidx
 from symfuse.codegen.cpu.gemm import activation_code
 from symfuse.ir.dtypes import DType
-from symfuse.options import split_kind
+from symfuse.options import split_kind, threshold_name
 from symfuse.runtime.call import MAX_ARGS
 from symfuse.schedule.attention import AttentionStep
 from symfuse.schedule.layout import as_matrix
@@ -102,7 +102,7 @@ class _Run:
         offset = f" + {self.c(st.a.offset)} * 4" if st.a.offset != 0 else ""
         a = f"sf_addr{{{self.addr(st.a.buffer)}{offset}}}"
         bias = f"sf_addr{{{self.addr(st.bias)}}}" if st.bias else "nullptr"
-        split = self.threshold(f"th_{split_kind('linear_rows')}_{k}_{n}")
+        split = self.threshold(threshold_name(split_kind("linear_rows"), (k, n)))
         out = [
             f"sf_rows_gemm_team({a}, {self.c(lda)}, sf_addr{{{self.const(f'p_{st.weight}')}}}, {bias}, "
             f"sf_addr{{{self.addr(st.out)}}}, {n}, {m}, {n}, {k}, {activation_code(st.postop)}, {m} > {split});",
@@ -131,10 +131,10 @@ class _Run:
         if 4 + len(params) > MAX_ARGS:
             raise NotNative(f"{len(params)} inputs and outputs (one call takes at most {MAX_ARGS - 4})")
         text = "\n".join(body)
-        slots = h.memory.slot_sizes  # the offsets of the workspace's slots, as the host code computes them
+        slots = h.memory.slot_bytes()  # the offsets of the workspace's slots, as the host code computes them
         sizes = ["const int64_t z0 = 0;"] if slots else []
-        for k, sz in enumerate(slots[:-1]):
-            sizes.append(f"const int64_t z{k + 1} = z{k} + {self.c(sz[0] if len(sz) == 1 else sympy.Max(*sz))};")
+        for k, size in enumerate(slots[:-1]):
+            sizes.append(f"const int64_t z{k + 1} = z{k} + {self.c(size)};")
         text_all = text + "\n".join(sizes)
         symbols = [f"const int64_t s_{s} = sym[{i}];" for i, s in enumerate(h.symbols) if f"s_{s}" in text_all]
         sig = ["int64_t* sym", "int64_t ws", "const int64_t* th", "const int64_t* ca"]

@@ -44,7 +44,7 @@ class _GpuHost(_Host):
     """Host code for the GPU: Triton launches, torch's GEMMs, the same memory plan."""
 
     native_symbols = False  # Triton kernels take `sym` itself (a device tensor)
-    native_run = False  # launches, not C++ kernels
+    whole_calls = False  # launches, not C++ kernels
 
     def native(self, st: NativeStep) -> list[str]:
         src = self.kernels.get(st.name)
