@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,7 +19,15 @@ import symfuse
 from symfuse.codegen.cpu import calibrate
 from symfuse.codegen.cpu import target as tg
 from symfuse.codegen.cpu.build import BuildError, build
-from symfuse.codegen.cpu.calibrate import BUSY, ROWS, Calibration, OtherProcesses, _switch_point
+from symfuse.codegen.cpu.calibrate import (
+    BUSY,
+    ROWS,
+    STREAMED,
+    Calibration,
+    OtherProcesses,
+    _switch_point,
+    weight_traffic,
+)
 from symfuse.codegen.cpu.gemm import bf16_multiplies, chunk_choices, has_bf16_rows, tile_for
 from symfuse.options import Options, parse_thresholds
 
@@ -192,20 +201,51 @@ def test_switch_points_are_measured_once_and_cached(tmp_path, monkeypatch, quiet
     opts = Options(machine_dir=str(tmp_path))
     calls = []
 
-    def measure(self, kind, shape, streamed):
-        calls.append((kind, shape, streamed))
+    def measure(self, kind, shape, traffic):
+        calls.append((kind, shape, traffic))
         return 32, {"32": [1.0, 2.0]}
 
     monkeypatch.setattr(Calibration, "_measure", measure)
-    th = Calibration(target, opts).get("linear_rows", (768, 3072), streamed=True)
-    assert th.value == 32 and "measured on this machine" in th.source
-    assert Calibration(target, opts).get("linear_rows", (768, 3072), streamed=True).value == 32
-    assert calls == [("linear_rows", (768, 3072), True)]
+    th = Calibration(target, opts).get("linear_rows", (768, 3072), STREAMED)
+    assert th.value == 32 and "measured on this machine" in th.source and th.source.endswith("weights streamed")
+    assert Calibration(target, opts).get("linear_rows", (768, 3072), STREAMED).value == 32
+    assert calls == [("linear_rows", (768, 3072), STREAMED)]
     assert len(os.listdir(tmp_path)) == 1 and target.key in os.listdir(tmp_path)[0]
     manual = Calibration(target, Options(machine_dir=str(tmp_path), thresholds=(("linear_rows", 5),)))
     th = manual.get("linear_rows", (768, 3072))
     assert th.value == 5 and "set by hand" in th.source and len(calls) == 1
     assert "symfuse's row kernel up to 5 rows, oneDNN above (set by hand" in th.describe()
+
+
+def test_linear_switch_points_are_measured_after_the_models_weights_pass_through_the_caches(
+    tmp_path, monkeypatch, quiet
+):
+    """A linear layer's switch point is measured after as many bytes as the model's linear
+    weights (rounded up to a power of two MiB, at least twice the L2 of every core) have passed
+    through the caches, streamed beyond the L3; each amount is measured and kept apart, and
+    `explain`'s words say which; attention's switch points do not depend on it."""
+    target = replace(tg.detect("g++"), l2=1 << 20, l3=32 << 20, cores=2)
+    mib = 1 << 20
+    assert weight_traffic(100_000, target) == 4 * mib  # the least: twice the L2 of both cores
+    assert weight_traffic(4 * mib + 1, target) == 8 * mib
+    assert weight_traffic(12 * mib + 5, target) == 16 * mib
+    assert weight_traffic(32 * mib, target) == 32 * mib and weight_traffic(32 * mib + 1, target) == STREAMED
+    calls = []
+
+    def measure(self, kind, shape, traffic):
+        calls.append((kind, traffic))
+        return {4 * mib: 8, 16 * mib: 64, STREAMED: 16}.get(traffic, 0), {}
+
+    monkeypatch.setattr(Calibration, "_measure", measure)
+    cal = Calibration(target, Options(machine_dir=str(tmp_path)))
+    seen = {t: cal.get("linear_rows", (256, 1024), t) for t in (4 * mib, 16 * mib, STREAMED)}
+    assert [th.value for th in seen.values()] == [8, 64, 16]
+    assert not seen[4 * mib].source.endswith("MiB") and seen[16 * mib].source.endswith("weights through 16 MiB")
+    keys = json.loads((tmp_path / os.listdir(tmp_path)[0]).read_text())
+    assert {"linear_rows 256x1024", "linear_rows 256x1024 through 16 MiB", "linear_rows 256x1024 streamed"} <= set(keys)
+    again = Calibration(target, Options(machine_dir=str(tmp_path)))
+    assert again.get("linear_rows", (256, 1024), 16 * mib).value == 64 and len(calls) == 3  # read, not measured
+    assert "MiB" not in again.get("attention_keys", (64,), 16 * mib).source
 
 
 def test_the_row_kernels_chunk_by_hand_builds_it_and_keys_the_switch_points_measured_with_it(
@@ -218,7 +258,7 @@ def test_the_row_kernels_chunk_by_hand_builds_it_and_keys_the_switch_points_meas
     target = tg.detect("g++")
     calls = []
 
-    def measure(self, kind, shape, streamed):
+    def measure(self, kind, shape, traffic):
         calls.append(kind)
         return {"row_chunk": chunk_choices(target)[0]}.get(kind, 64), {}
 
@@ -249,7 +289,7 @@ def test_a_band_where_the_library_wins_is_measured_above_the_row_kernels_switch_
     size = {}
     wins = {"band": lambda m: m <= 32 or m >= 192, "above": lambda m: m <= 32}  # where the row kernel wins
 
-    def linear(self, k, n, streamed, bf16=False, multiply=None, split=1 << 30):
+    def linear(self, k, n, traffic, bf16=False, multiply=None, split=1 << 30):
         own_wins = wins["band" if n == 96 else "above"]
         setup = lambda m: size.update(m=m)
         own = lambda: 1.0 if own_wins(size["m"]) else 2.0
@@ -278,7 +318,7 @@ def test_switch_points_measured_on_a_busy_machine_are_used_but_not_kept(tmp_path
     opts = Options(machine_dir=str(tmp_path))
     calls = []
 
-    def measure(self, kind, shape, streamed):
+    def measure(self, kind, shape, traffic):
         calls.append(kind)
         return 0, {"16": [5.0, 1.0]}
 

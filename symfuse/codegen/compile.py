@@ -20,7 +20,7 @@ import torch
 from symfuse.codegen.cpu.attention import emit_attention
 from symfuse.codegen.cpu.build import build, kernel_caller
 from symfuse.codegen.cpu.c import CodegenError, preamble
-from symfuse.codegen.cpu.calibrate import ROWS, Calibration, Threshold
+from symfuse.codegen.cpu.calibrate import ROWS, Calibration, Threshold, weight_traffic
 from symfuse.codegen.cpu.gemm import BF16_MULTIPLY, Tile, gemm_source, has_bf16_rows, pack_panels, tile_for
 from symfuse.codegen.cpu.kernel import KernelSource, emit_kernel
 from symfuse.codegen.cpu.lstm import LSTM_SOURCE
@@ -299,15 +299,14 @@ def link(
 
 def switch_points(wanted: dict[str, tuple[str, tuple[int, ...]]], target: Target, opts: Options, linear_bytes: int):
     """The value of every threshold the host code reads: set by hand, cached, or measured now.
-    Linear layers are measured with their weights streaming from memory when the model's
-    linear weights do not fit in the L3 cache."""
+    Linear layers are measured with as many bytes of weights passing through the caches
+    between two calls as the model's linear weights take, streaming from memory where they
+    do not fit in the L3 cache (`calibrate.weight_traffic`)."""
     if not wanted:
         return {}
-    streamed = linear_bytes > target.l3
+    traffic = weight_traffic(linear_bytes, target)
     cal = Calibration(target, opts)
-    return {
-        name: cal.get(kind, shape, streamed and kind.startswith("linear")) for name, (kind, shape) in wanted.items()
-    }
+    return {name: cal.get(kind, shape, traffic) for name, (kind, shape) in wanted.items()}
 
 
 def dump_stages(folder: str, graph: Graph, prog: TEProgram, fp: Plan, kernels: tuple[str, str], host: str) -> None:

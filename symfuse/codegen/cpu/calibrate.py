@@ -8,9 +8,14 @@ machine folder (`~/.cache/symfuse/machine`), one file per target, CPU and versio
 kernels:
 
 - a linear layer `[K -> N]`: symfuse's row kernel and oneDNN on the same rows (in float32,
-  or both in bfloat16 for `precision="bf16"`), with weights
-  rotated through more memory than the L3 cache when the model's weights do not fit it
-  (they stream from memory when a model runs) and kept hot when they do; first the row
+  or both in bfloat16 for `precision="bf16"`), each call after as many bytes as the model's
+  other weights have passed through the caches (`weight_traffic`): weights rotated through
+  more memory than the L3 cache when the model's weights do not fit it (they stream from
+  memory when a model runs), else a pass over that many bytes, so that the layer's weights
+  are read from where the model leaves them (oneDNN suffers more from weights pushed out to
+  the far end of the L3 cache than the row kernel, which walks them in order: at 64 rows of
+  a 256->1024 layer, after a 12 MiB pass oneDNN took 1.43x its time after a 4 MiB one, the
+  row kernel 1.12x); first the row
   kernel with its threads on the weights' panels against its threads on the rows
   (`linear_split`, `linear_split_bf16`), which the row kernel is then timed as; then, above
   the row kernel's switch point (`linear_rows`), oneDNN against the row kernel once more
@@ -67,6 +72,7 @@ KEYS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 HEADS = 12
 BY_HAND = "set by hand (thresholds / SYMFUSE_THRESHOLDS)"
 ANY_HEAD = 64  # the head size measured for attention whose head size is symbolic
+STREAMED = 1 << 62  # weight traffic (`weight_traffic`) of weights that stream from memory
 BUSY = 0.1  # other processes' share of this process's cores above which a measurement is not kept
 _UNKEPT: dict[tuple[str, str], dict] = {}  # (file, key) -> a measurement not kept, for this process
 
@@ -110,6 +116,26 @@ class Threshold:
             bf16 = " bf16" if self.kind.endswith("_bf16") else ""
             what = f"attention{bf16}, head size {self.shape[0]}: merged kernel up to {self.value} keys, {other} above"
         return f"{what} ({self.source})"
+
+
+def weight_traffic(linear_bytes: int, target: Target) -> int:
+    """The bytes that pass through the caches between two calls of a linear layer in a model
+    whose linear weights take `linear_bytes`, as its switch points are measured: those weights
+    rounded up to a power of two MiB (models of about one size share a measurement), at least
+    twice the L2 cache of every core (the layers in between have taken it); above the L3 cache
+    the weights stream from memory (`STREAMED`)."""
+    if linear_bytes > target.l3:
+        return STREAMED
+    floor = 2 * target.l2 * target.cores
+    return max(floor, 1 << max(20, (linear_bytes - 1).bit_length()))
+
+
+def traffic_words(traffic: int, target: Target) -> str:
+    """A measurement's weight traffic in words, for its key and for `explain` ("" where it is
+    the least: twice the L2 cache of every core)."""
+    if traffic == STREAMED:
+        return "streamed"
+    return f"through {traffic >> 20} MiB" if traffic > 2 * target.l2 * target.cores else ""
 
 
 def by_hand(kind: str, shape: tuple[int, ...], manual: dict[str, int]) -> Threshold | None:
@@ -156,13 +182,17 @@ class Calibration:
             self._path = os.path.join(self.opts.machine_cache, name)
         return self._path
 
-    def get(self, kind: str, shape: tuple[int, ...], streamed: bool = False) -> Threshold:
+    def get(self, kind: str, shape: tuple[int, ...], traffic: int = 0) -> Threshold:
+        """The switch point of `kind` at `shape`; a linear layer's measured with `traffic`
+        bytes of other weights through the caches before each call (`weight_traffic`; 0: the
+        least)."""
         if kind not in THRESHOLD_KINDS:
             raise ValueError(f"unknown threshold kind {kind!r}")
         manual = by_hand(kind, shape, self.manual)
         if manual is not None:
             return manual
-        key = f"{kind} {'x'.join(map(str, shape))}" + (" streamed" if streamed else "")
+        words = traffic_words(traffic, self.target) if kind.startswith("linear_") else ""
+        key = f"{kind} {'x'.join(map(str, shape))}" + (f" {words}" if words else "")
         if kind.startswith(("linear_rows", "linear_library")) and split_kind(kind) in self.manual:
             key += f" split {self.manual[split_kind(kind)]}"  # measured with that split
         if kind.startswith("linear_") and not kind.endswith("_bf16") and "row_chunk" in self.manual:
@@ -173,7 +203,7 @@ class Calibration:
             what = f"{key.strip()} {'value' if kind in BUILD_KINDS else 'switch point'}"
             log.info("symfuse: measuring the %s on this machine (%s), once", what, self.target.isa)
             t0, others = time.perf_counter(), OtherProcesses()
-            value, timings = self._measure(kind, shape, streamed)
+            value, timings = self._measure(kind, shape, traffic)
             e = {
                 "value": value,
                 "measured": datetime.date.today().isoformat(),
@@ -195,7 +225,7 @@ class Calibration:
             else:
                 entries[key] = e
                 self._save(entries)
-        where = f"measured on this machine {e['measured']}, {self.target.isa}"
+        where = f"measured on this machine {e['measured']}, {self.target.isa}" + (f", weights {words}" if words else "")
         if "busy" in e:
             where += f", while other processes took {round(100 * e['busy'])}% of its cores: not kept"
         return Threshold(kind, shape, int(e["value"]), where)
@@ -224,7 +254,7 @@ class Calibration:
         """How the bf16 row kernel multiplies (`gemm.BF16_MULTIPLY`)."""
         return self.get("bf16_multiply", ()).value
 
-    def _measure(self, kind: str, shape: tuple[int, ...], streamed: bool) -> tuple[int, dict]:
+    def _measure(self, kind: str, shape: tuple[int, ...], traffic: int) -> tuple[int, dict]:
         if kind == "row_chunk":
             return self._chunk()
         if kind == "bf16_multiply":  # 48 rows of a 768x768 layer, weights hot: the multiply's rate
@@ -249,22 +279,22 @@ class Calibration:
             same = 16 if bf16 and self.multiply() == 2 else tile_for(self.target).rows
             if self._helpers().sf_threads() < 2:
                 return ROWS[-1], {}
-            setup, panels, rows, _, refresh = self._linear(*shape, streamed, bf16=bf16)
+            setup, panels, rows, _, refresh = self._linear(*shape, traffic, bf16=bf16)
             value, timings = _switch_point([m for m in ROWS if m > same], setup, panels, rows, refresh)
             return max(value, same), timings
         if kind.startswith("linear_rows"):  # the row kernel as the host runs it: on panels up to the split
             bf16 = kind == "linear_rows_bf16"
-            split = self.get(split_kind(kind), shape, streamed).value
-            setup, own, _, library, refresh = self._linear(*shape, streamed, bf16=bf16, split=split)
+            split = self.get(split_kind(kind), shape, traffic).value
+            setup, own, _, library, refresh = self._linear(*shape, traffic, bf16=bf16, split=split)
             return _switch_point(ROWS, setup, own, library, refresh)
         if kind.startswith("linear_library"):  # above the row kernel's switch point: oneDNN up to where?
             bf16 = kind == "linear_library_bf16"
-            low = self.get(rows_kind(kind), shape, streamed).value
+            low = self.get(rows_kind(kind), shape, traffic).value
             above = [m for m in ROWS if m > low]
             if not above:
                 return ROWS[-1], {}
-            split = self.get(split_kind(kind), shape, streamed).value
-            setup, own, _, library, refresh = self._linear(*shape, streamed, bf16=bf16, split=split)
+            split = self.get(split_kind(kind), shape, traffic).value
+            setup, own, _, library, refresh = self._linear(*shape, traffic, bf16=bf16, split=split)
             value, timings = _switch_point(above, setup, library, own, refresh)
             return max(value, low), timings  # oneDNN lost at once: the row kernel at every size measured
         # attention's inputs come hot from the GEMM before it, as back to back here
@@ -285,8 +315,8 @@ class Calibration:
             self._kernels[precision] = compile_program(graph, store, forced, target=self.target, force_precision=True)
         return self._kernels[precision]
 
-    # the layers the chunk is timed on: (K, N, rows, weights streamed from memory)
-    LAYERS = ((256, 1024, 128, False), (768, 3072, 16, True))
+    # the layers the chunk is timed on: (K, N, rows, weight traffic)
+    LAYERS = ((256, 1024, 128, 0), (768, 3072, 16, STREAMED))
 
     def _chunk(self) -> tuple[int, dict]:
         """The row kernel's chunk (`gemm.chunk_choices`): each choice built and timed against the
@@ -301,7 +331,7 @@ class Calibration:
         which = [choices[0]]  # the chunk whose kernel the calls below run
         kernel = tuple(lambda *args, s=s: built[which[0]][s](*args) for s in (0, 1))
         best, timings = choices[0], {}
-        layers = [(k, n, rows, self._linear(k, n, streamed, kernel=kernel)) for k, n, rows, streamed in self.LAYERS]
+        layers = [(k, n, rows, self._linear(k, n, traffic, kernel=kernel)) for k, n, rows, traffic in self.LAYERS]
 
         def version(chunk: int, run: Callable[[], float]) -> Callable[[], float]:
             def timed() -> float:
@@ -325,7 +355,7 @@ class Calibration:
         self,
         k: int,
         n: int,
-        streamed: bool,
+        traffic: int,
         bf16: bool = False,
         multiply: int | None = None,
         split: int = 1 << 30,
@@ -336,12 +366,14 @@ class Calibration:
         timed alone, after refresh().
 
         refresh() leaves the caches as a model's layer finds them: the layers between two
-        uses of a weight have taken the caches (a pass over twice the L2 on every core; back
-        to back, the libraries' lead at 64 rows of a 256->768 layer was one the model
-        reversed), and the input was just written by the kernel before, a block of rows by
-        each thread, as a layer norm leaves it (the row kernel with its threads on rows
-        reads its own rows then, and made bert-small and BERT-base at 128 rows 11% faster in
-        the model; on freshly made inputs it measured -1 to +15% layer by layer)."""
+        uses of a weight have taken the caches (a pass over `traffic` bytes less the layer's
+        own weights, at least twice the L2 on every core; back to back, the libraries' lead
+        at 64 rows of a 256->768 layer was one the model reversed; where the weights stream
+        (`STREAMED`), copies of them rotated through twice the L3 cache), and the input was
+        just written by the kernel before, a block of rows by each thread, as a layer norm
+        leaves it (the row kernel with its threads on rows reads its own rows then, and made
+        bert-small and BERT-base at 128 rows 11% faster in the model; on freshly made inputs
+        it measured -1 to +15% layer by layer)."""
         from symfuse.codegen.cpu.gemm import pack_panels, tile_for
 
         if kernel is not None:  # (threads on panels, threads on rows) of a row kernel built for the purpose
@@ -355,7 +387,9 @@ class Calibration:
             split_fn = self.kernels().program.kernels.sf_linear_rows_split
         dtype = torch.bfloat16 if bf16 else torch.float32
         panel = tile_for(self.target).panel
-        copies = max(1, min(64, (2 * self.target.l3) // (dtype.itemsize * k * n) + 1)) if streamed else 1
+        layer, least = dtype.itemsize * k * n, 2 * self.target.l2 * self.target.cores
+        streamed = traffic == STREAMED
+        copies = max(1, min(64, (2 * self.target.l3) // layer + 1)) if streamed else 1
         gen = torch.Generator().manual_seed(0)
         ws = [torch.randn(n, k, generator=gen).to(dtype) for _ in range(copies)]
         packed = [pack_panels(w, panel, bf16) for w in ws]
@@ -364,7 +398,7 @@ class Calibration:
         linear = torch.ops.mkldnn._linear_pointwise
         st = {}
 
-        scratch = torch.zeros(2 * self.target.l2 * self.target.cores // 4)
+        scratch = torch.zeros((least if streamed else max(least, traffic - layer)) // 4)
         rewrite = self._helpers().sf_rewrite
 
         def setup(m: int) -> None:
