@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from symfuse.bench import harness, report
 from symfuse.bench.harness import Config, EngineResult, key, parse_list, parse_sweep, summarize
@@ -57,6 +58,8 @@ class FakeWorker:
         self.log.append((self.name, msg["cmd"], msg.get("binding")))
         if msg["cmd"] == "stats":
             return {"recompiles": 0, "peak_rss_mb": 100.0}
+        if msg["cmd"] == "work":  # 1 GFLOP per 16 tokens; 64 MiB of weights
+            return {"work": {"flops": 1e9 * msg["binding"]["S"] / 16, "weight_bytes": 64 * 2**20}}
         return self.script(msg["binding"])
 
     def close(self):
@@ -121,6 +124,32 @@ def test_run_reports_missing_and_failing_engines_and_rotates(tmp_path):
     assert json.load(open(paths["json"]))["engines"]["symfuse"]["status"] == "ok"
     assert "| B=1, S=16 | 2.00 (0.50x) | 4.00 (1.00x) |" in open(paths["markdown"]).read()
     assert os.path.getsize(paths["plot"]) > 1000
+
+
+def test_the_floor_is_the_flops_at_the_fma_peak_or_the_weights_at_the_read_bandwidth(tmp_path):
+    """Each shape's floor: its FLOPs at the FMA peak, or reading weights larger than the L3 once,
+    whichever is longer; over the best peer's median, the least ratio the machine allows. Only
+    symfuse engines are asked what a call does; without the FMA peak there is no floor table."""
+    log = []
+    cfg = Config("bert-small", ["symfuse", "eager"], [dict(B=1, S=16), dict(B=1, S=64)], 1, out_dir=str(tmp_path))
+    result = harness.run(cfg, launch=fake_launcher(log, []))
+    assert [(n, b["S"]) for n, cmd, b in log if cmd == "work"] == [("symfuse", 16), ("symfuse", 64)]
+    result["physics"] = {"copy_gbps": 40.0, "sgemm_gflops": 300.0, "sgemm_n": 2048}
+    assert report.floor_table(result) is None and "the floor" not in report.terminal(result)
+    result["physics"].update(fma_gflops=500.0, read_gbps=32.0, l3_bytes=32 * 2**20)
+    header, rows = report.floor_table(result)
+    by = {r[0]: dict(zip(header, r)) for r in rows}
+    # 16 tokens: 1 GFLOP at 500 GFLOP/s is 2 ms, 64 MiB at 32 GB/s 2.10 ms: the weights decide
+    assert by["B=1, S=16"]["floor ms"] == "2.10" and by["B=1, S=16"]["best peer ms"] == "4.00"
+    assert by["B=1, S=16"]["floor / best peer"] == "0.52x"
+    # 64 tokens: 4 GFLOP, 8 ms at the FMA peak; the peer takes 16 ms; symfuse 8 ms at 500 GFLOP/s
+    assert by["B=1, S=64"]["floor ms"] == "8.00" and by["B=1, S=64"]["floor / best peer"] == "0.50x"
+    assert by["B=1, S=64"]["its rate"] == "500 GFLOP/s (100% of FMA peak)"
+    result["physics"]["l3_bytes"] = 128 * 2**20  # weights in cache: the FLOPs alone
+    assert dict(zip(header, report.floor_table(result)[1][0]))["floor ms"] == "2.00"
+    assert "FMA peak 500 GFLOP/s" in report.terminal(result) and "| B=1, S=64 | 4.00 | 64.0 | 8.00 |" in (
+        report.markdown(result)
+    )
 
 
 def test_profile_covers_each_symfuse_engine(tmp_path):
@@ -190,7 +219,7 @@ def test_profile_of_the_compiled_program_covers_every_step(tmp_path):
     """Not a timing test: the profile's rows account for every step once, with FLOPs where a
     step multiplies and bytes everywhere."""
     import symfuse
-    from symfuse.bench.worker import profile_symfuse
+    from symfuse.bench.worker import profile_symfuse, work_symfuse
     from symfuse.models import load
 
     case = load("bert-small")
@@ -198,6 +227,11 @@ def test_profile_of_the_compiled_program_covers_every_step(tmp_path):
     rows = {r["op"]: r for r in profile_symfuse(c, case.inputs(B=1, S=8))}
     assert sum(r["calls"] for r in rows.values()) == len(c.native.schedule.steps)
     assert rows["linear (row kernel)"]["calls"] == 4 * 4 + 1  # 4 per layer and the pooler
+    # what a call does, counted as the profile counts it: every linear's weights read once
+    work = work_symfuse(c, case.inputs(B=1, S=8))
+    assert work["flops"] == sum(r["flops"] for r in rows.values()) > 0
+    linears = [m for m in case.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert work["weight_bytes"] == 4 * sum(m.weight.numel() for m in linears)
     assert rows["attention (merged kernel)"]["calls"] == 4
     assert rows["linear (row kernel)"]["flops"] > 0 and rows["C++ reduction kernels"]["bytes"] > 0
     assert not [op for op in rows if op.startswith("torch:")], "every step of BERT is generated code or a GEMM"

@@ -221,6 +221,7 @@ def run(
     results = {n: EngineResult(n) for n in cfg.engines}
     workers: dict[str, Worker] = {}
     profile: dict[str, list] = {}  # symfuse engine -> its steps' profile
+    work: dict[str, dict] = {}  # symfuse engine -> binding key -> a call's FLOPs and weight bytes
     try:
         for n in cfg.engines:
             progress(f"preparing {n}")
@@ -267,6 +268,11 @@ def run(
             st = w.request({"cmd": "stats"})
             results[n].recompiles, results[n].peak_rss_mb = st.get("recompiles"), st.get("peak_rss_mb")
         ours = [n for n in workers if n.startswith("symfuse")]  # each precision
+        for n in ours:  # what a call does at each shape, whoever runs it: the floor under every engine
+            for b in cfg.bindings:
+                ans = workers[n].request({"cmd": "work", "binding": b})
+                if "work" in ans:
+                    work.setdefault(n, {})[key(b)] = ans["work"]
         for n in ours if cfg.profile else []:
             progress(f"profiling {n}")
             profile[n] = workers[n].request({"cmd": "profile", "binding": cfg.bindings[-1]}).get("profile")
@@ -278,5 +284,6 @@ def run(
         "engines": {n: r.__dict__ for n, r in results.items()},
         "rows": summarize(results, cfg.bindings),
         "profile": profile or None,
+        "work": work or None,
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }

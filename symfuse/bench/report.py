@@ -57,6 +57,51 @@ def shape_table(result: dict, stat: str = "median") -> tuple[list[str], list[lis
     return header, rows
 
 
+def floor_table(result: dict) -> tuple[list[str], list[list[str]]] | None:
+    """Per shape, what one call does (counted on the first symfuse engine's program: FLOPs of
+    its GEMMs, convolutions and attention, bytes of its weights) and the least time any engine
+    could take for it on this machine, the floor: the FLOPs at the FMA peak or, where the
+    weights do not fit in the L3 cache, reading them once at the read bandwidth, whichever is
+    longer. The floor over the best peer's median is the smallest ratio to the best peer the
+    machine allows. None without the FMA peak or the counts."""
+    phys, work = result.get("physics") or {}, result.get("work") or {}
+    if not phys.get("fma_gflops") or not work:
+        return None
+    ours = next(iter(work))
+    header = ["shape", "GFLOP", "weights MB", "floor ms", "best peer ms", "floor / best peer", f"{ours} ms", "its rate"]
+    rows = []
+    for r in result["rows"]:
+        label = ", ".join(f"{k}={v}" for k, v in r["binding"].items())
+        w = work[ours].get(label)
+        if r["engine"] != ours or w is None:
+            continue
+        flops, weights = w["flops"], w["weight_bytes"]
+        floor = flops / phys["fma_gflops"] / 1e6
+        if weights > phys.get("l3_bytes", 0) and phys.get("read_gbps"):
+            floor = max(floor, weights / phys["read_gbps"] / 1e6)
+        peers = [
+            x["median_ms"]
+            for x in result["rows"]
+            if x["binding"] == r["binding"] and not x["engine"].startswith("symfuse") and x["median_ms"] is not None
+        ]
+        best = min(peers) if peers else None
+        ms = r["median_ms"]
+        rate = flops / ms / 1e6 if ms else None
+        rows.append(
+            [
+                label,
+                f"{flops / 1e9:.2f}",
+                f"{weights / 2**20:.1f}",
+                f"{floor:.2f}",
+                _fmt(best),
+                f"{floor / best:.2f}x" if best else "-",
+                _fmt(ms),
+                f"{rate:.0f} GFLOP/s ({rate / phys['fma_gflops']:.0%} of FMA peak)" if rate else "-",
+            ]
+        )
+    return header, rows
+
+
 def _text_table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     line = lambda r: "  ".join(
@@ -78,7 +123,9 @@ def physics_text(p: dict) -> str:
         return "physical references: not measured"
     text = (
         f"physical references: copy bandwidth {p['copy_gbps']:.1f} GB/s (read + write), "
-        f"SGEMM {p['sgemm_gflops']:.0f} GFLOP/s (torch.matmul, {p['sgemm_n']}^3)"
+        + (f"read {p['read_gbps']:.1f} GB/s, " if p.get("read_gbps") else "")
+        + f"SGEMM {p['sgemm_gflops']:.0f} GFLOP/s (torch.matmul, {p['sgemm_n']}^3)"
+        + (f", FMA peak {p['fma_gflops']:.0f} GFLOP/s (every core)" if p.get("fma_gflops") else "")
     )
     return text + (f"\n\nmachine: {p['machine']}" if p.get("machine") else "")
 
@@ -114,6 +161,10 @@ def profile_lines(p: list[dict], phys: dict) -> list[list[str]]:
     return rows
 
 
+FLOOR_TITLE = (
+    "the floor: the least time a call can take on this machine (its FLOPs at the FMA peak; its weights"
+    " read once at the read bandwidth where they exceed the L3 cache)"
+)
 PROFILE_HEADER = ["symfuse step", "calls", "ms", "GB/s", "GFLOP/s", "achieved"]
 
 
@@ -124,6 +175,9 @@ def terminal(result: dict) -> str:
         _text_table(*shape_table(result)),
     ]
     parts += ["", _text_table(ENGINE_HEADER, engine_lines(result)), "", physics_text(result.get("physics", {}))]
+    floor = floor_table(result)
+    if floor:
+        parts += ["", f"{FLOOR_TITLE}:", _text_table(*floor)]
     for name, prof in profiles(result).items():
         at = result["config"]["bindings"][-1]
         parts += ["", f"profile of one {name} call at {at}, step by step:", _text_table(PROFILE_HEADER, prof)]
@@ -140,6 +194,9 @@ def markdown(result: dict) -> str:
         _md_table(*shape_table(result, "min")), "", _md_table(ENGINE_HEADER, engine_lines(result)), "",
         physics_text(result.get("physics", {})),
     ]  # fmt: skip
+    floor = floor_table(result)
+    if floor:
+        parts += ["", f"{FLOOR_TITLE}:", "", _md_table(*floor)]
     for name, prof in profiles(result).items():
         at = cfg["bindings"][-1]
         parts += ["", f"Profile of one {name} call at {at}, step by step:", "", _md_table(PROFILE_HEADER, prof)]

@@ -5,6 +5,7 @@ whatever libraries print on stdout (exporters do) is skipped. Requests:
 `{"cmd": "run", "binding": {...}, "min_reps": n, "max_reps": m, "budget_s": t}` times the
 engine at one binding; `{"cmd": "stats"}` gives recompilations and peak memory;
 `{"cmd": "profile", "binding": {...}}` (symfuse only) times each kind of step;
+`{"cmd": "work", "binding": {...}}` (symfuse only) counts a call's FLOPs and weight bytes;
 `{"cmd": "quit"}` ends it. The first reply says whether the engine is ready.
 """
 
@@ -48,21 +49,78 @@ def rel_err(outs: list, refs: list) -> float:
 
 
 def physics() -> dict:
-    """Memory bandwidth (copy, read + write) and SGEMM rate of this machine, via torch."""
+    """Memory bandwidth (copy, read + write; read alone) and SGEMM rate of this machine, via
+    torch; the float32 FMA peak of its cores (`fma_peak`) and its L3 cache, via symfuse's
+    target."""
     import torch
 
     src = torch.empty(64 * 2**20, dtype=torch.float32).uniform_()  # 256 MiB
     dst = torch.empty_like(src)
     best = min(_timed(lambda: dst.copy_(src)) for _ in range(10))
+    read = min(_timed(lambda: src.sum()) for _ in range(10))
     n = 2048
     a, b = torch.randn(n, n), torch.randn(n, n)
     gemm = min(_timed(lambda: torch.matmul(a, b)) for _ in range(5))
-    return {
+    out = {
         "copy_gbps": 2 * src.numel() * 4 / best / 1e9,
+        "read_gbps": src.numel() * 4 / read / 1e9,
         "sgemm_gflops": 2 * n**3 / gemm / 1e9,
         "sgemm_n": n,
         "machine": machine(),
     }
+    try:
+        out.update(fma_peak())
+    except Exception as e:  # noqa: BLE001 - no compiler: the tables go without the floor
+        out["fma_error"] = short_error(e)
+    return out
+
+
+# The FMA peak: on every thread, CHAINS independent chains of vector FMAs on registers (one
+# chain waits for its last FMA; twelve cover the latency of every CPU measured), in the
+# vector type and FMA every generated kernel uses
+_FMA_PEAK = """
+#include <omp.h>
+#define CHAINS 12
+extern "C" double sf_fma_peak(int64_t steps) {
+  double seconds = 0;
+  float sink = 0;
+  #pragma omp parallel reduction(+ : sink) reduction(max : seconds)
+  {
+    sf_vec a = sf_splat(1.0000001f), b = sf_splat(0.9999999f), c[CHAINS];
+    for (int j = 0; j < CHAINS; ++j) c[j] = sf_splat((float)j);  // apart: equal chains would be merged
+    #pragma omp barrier
+    double t0 = omp_get_wtime();
+    for (int64_t i = 0; i < steps; ++i) {
+      #pragma GCC unroll 12
+      for (int j = 0; j < CHAINS; ++j) c[j] = sf_fma(a, b, c[j]);
+    }
+    seconds = omp_get_wtime() - t0;
+    for (int j = 0; j < CHAINS; ++j) sink += c[j][0];
+  }
+  return sink == 42.0f ? -seconds : seconds;
+}
+extern "C" int sf_fma_threads() { return omp_get_max_threads(); }
+"""
+
+
+def fma_peak(isa: str = "") -> dict:
+    """The float32 FMA peak of this machine's cores (GFLOP/s on every thread) in the vectors of
+    `isa` ("": the best this machine runs), the best of 5; and its L3 cache in bytes."""
+    import ctypes
+
+    from symfuse.codegen.cpu.build import build
+    from symfuse.codegen.cpu.c import preamble
+    from symfuse.codegen.cpu.target import detect
+    from symfuse.options import Options
+
+    opts = Options.from_env()
+    target = detect(opts.cxx, isa, opts.machine_cache)
+    lib = ctypes.CDLL(build(preamble(target) + _FMA_PEAK, target, opts)[0])
+    lib.sf_fma_peak.argtypes, lib.sf_fma_peak.restype = [ctypes.c_int64], ctypes.c_double
+    steps = 1 << 22
+    best = min(abs(lib.sf_fma_peak(steps)) for _ in range(5))
+    flops = 2 * 12 * target.lanes * steps * lib.sf_fma_threads()
+    return {"fma_gflops": flops / best / 1e9, "l3_bytes": target.l3}
 
 
 def machine() -> str:
@@ -90,14 +148,43 @@ def profile_symfuse(compiled, inputs: dict) -> list[dict]:
     also where the call itself would run as one C++ call (`sf_run`)."""
     import statistics
 
+    be, binding = compiled.native, _binding(compiled, inputs)
+    tensors = compiled._inputs((), {k: v for k, v in inputs.items() if k in compiled.captured.input_names})
+    runs = [dict(be.program.profile(tensors, binding)[0]) for _ in range(5)]
+    stats: dict = {}
+    for st in be.schedule.steps:
+        label, flops, moved, _ = step_work(be, st, binding)
+        s = stats.setdefault(label, {"op": label, "calls": 0, "seconds": 0.0, "bytes": 0, "flops": 0})
+        s["calls"] += 1
+        s["seconds"] += statistics.median(r.get(st.name, 0.0) for r in runs)
+        s["bytes"] += moved
+        s["flops"] += flops
+    return sorted(stats.values(), key=lambda s: -s["seconds"])
+
+
+def work_symfuse(compiled, inputs: dict) -> dict:
+    """What one call of the compiled program does at `inputs`' binding, whoever runs it: its
+    FLOPs (GEMMs, convolutions, attention) and the bytes of the weights it reads."""
+    be, binding = compiled.native, _binding(compiled, inputs)
+    flops = weights = 0
+    for st in be.schedule.steps:
+        _, f, _, w = step_work(be, st, binding)
+        flops, weights = flops + f, weights + w
+    return {"flops": flops, "weight_bytes": weights}
+
+
+def _binding(compiled, inputs: dict) -> dict[str, int]:
+    tensors = compiled._inputs((), {k: v for k, v in inputs.items() if k in compiled.captured.input_names})
+    return compiled.guard(tensors)
+
+
+def step_work(be, st, binding: dict[str, int]) -> tuple[str, int, int, int]:
+    """One step of a compiled program at `binding`: (the profile's label for its kind, FLOPs,
+    bytes it moves, bytes of weights among them)."""
     from symfuse.ir.dims import evaluate
     from symfuse.schedule.attention import AttentionStep
     from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep
 
-    be = compiled.native
-    tensors = compiled._inputs((), {k: v for k, v in inputs.items() if k in compiled.captured.input_names})
-    binding = compiled.guard(tensors)
-    runs = [dict(be.program.profile(tensors, binding)[0]) for _ in range(5)]
     sched = be.schedule
 
     def numel(dims) -> int:
@@ -110,46 +197,42 @@ def profile_symfuse(compiled, inputs: dict) -> list[dict]:
         b = sched.buffers[name]
         return numel(b.shape) * b.dtype.torch.itemsize
 
-    stats: dict = {}
-    for st in sched.steps:
-        if isinstance(st, AttentionStep):
-            q, k, v = st.scores.a.sizes, st.scores.b.sizes, st.context.b.sizes
-            keys = evaluate(k[-1], binding)
-            if be.runs_own(st, keys):
-                label = "attention (merged kernel)"
-            else:
-                label = "attention (torch fused)" if st.library else "attention (three steps)"
-            flops = 2 * numel(q[:-1]) * evaluate(k[-1], binding) * (evaluate(q[-1], binding) + evaluate(v[-1], binding))
-            moved = nbytes(st.out) + 3 * numel(q) * 4
-        elif isinstance(st, GemmStep):
-            out = sched.buffers[st.out].shape
-            if st.conv is not None:
-                label, k = "convolution (oneDNN)", numel(st.b.sizes[1:])
-            elif st.weight is not None:
-                k = evaluate(st.a.sizes[-1], binding)
-                own = be.runs_own(st, numel(out[:-1]))
-                label = "linear (row kernel)" if own else "linear (oneDNN)"
-            else:
-                label, k = "batched matmul (torch)", evaluate(st.a.sizes[-1], binding)
-            flops = 2 * numel(out) * k
-            moved = nbytes(st.out) + numel(st.a.sizes) * 4 + (numel(st.b.sizes) * 4 if st.b else 0)
-            if st.weight is not None:
-                moved += nbytes(st.weight)
-        elif isinstance(st, NativeStep):
-            label, flops = f"C++ {st.kind} kernels", 0
-            src = be.kernels.get(st.name)
-            moved = sum(nbytes(n) for n in src.args) if src else 0
+    flops = weights = 0
+    if isinstance(st, AttentionStep):
+        q, k, v = st.scores.a.sizes, st.scores.b.sizes, st.context.b.sizes
+        keys = evaluate(k[-1], binding)
+        if be.runs_own(st, keys):
+            label = "attention (merged kernel)"
         else:
-            assert isinstance(st, OpaqueStep)
-            label, flops = f"torch: {st.node.op}", 0
-            moved = sum(nbytes(v.name) for v in st.node.inputs if v is not None and v.name in sched.buffers)
-            moved += sum(nbytes(v.name) for v in st.node.outputs)
-        s = stats.setdefault(label, {"op": label, "calls": 0, "seconds": 0.0, "bytes": 0, "flops": 0})
-        s["calls"] += 1
-        s["seconds"] += statistics.median(r.get(st.name, 0.0) for r in runs)
-        s["bytes"] += moved
-        s["flops"] += flops
-    return sorted(stats.values(), key=lambda s: -s["seconds"])
+            label = "attention (torch fused)" if st.library else "attention (three steps)"
+        flops = 2 * numel(q[:-1]) * keys * (evaluate(q[-1], binding) + evaluate(v[-1], binding))
+        moved = nbytes(st.out) + 3 * numel(q) * 4
+    elif isinstance(st, GemmStep):
+        out = sched.buffers[st.out].shape
+        if st.conv is not None:
+            label, k = "convolution (oneDNN)", numel(st.b.sizes[1:])
+            weights = nbytes(st.b.buffer)
+        elif st.weight is not None:
+            k = evaluate(st.a.sizes[-1], binding)
+            own = be.runs_own(st, numel(out[:-1]))
+            label = "linear (row kernel)" if own else "linear (oneDNN)"
+            weights = nbytes(st.weight)
+        else:
+            label, k = "batched matmul (torch)", evaluate(st.a.sizes[-1], binding)
+        flops = 2 * numel(out) * k
+        moved = nbytes(st.out) + numel(st.a.sizes) * 4 + (numel(st.b.sizes) * 4 if st.b else 0)
+        if st.weight is not None:
+            moved += weights
+    elif isinstance(st, NativeStep):
+        label = f"C++ {st.kind} kernels"
+        src = be.kernels.get(st.name)
+        moved = sum(nbytes(n) for n in src.args) if src else 0
+    else:
+        assert isinstance(st, OpaqueStep)
+        label = f"torch: {st.node.op}"
+        moved = sum(nbytes(v.name) for v in st.node.inputs if v is not None and v.name in sched.buffers)
+        moved += sum(nbytes(v.name) for v in st.node.outputs)
+    return label, flops, moved, weights
 
 
 def main() -> int:
@@ -191,6 +274,9 @@ def main() -> int:
             inputs = case.inputs(**req["binding"])
             if req["cmd"] == "profile":
                 reply({"profile": profile_symfuse(engine.compiled, inputs)})
+                continue
+            if req["cmd"] == "work":
+                reply({"work": work_symfuse(engine.compiled, inputs)})
                 continue
             key = json.dumps(req["binding"], sort_keys=True)
             if key not in refs:
