@@ -240,7 +240,7 @@ def test_linear_switch_points_are_measured_after_the_models_weights_pass_through
     cal = Calibration(target, Options(machine_dir=str(tmp_path)))
     seen = {t: cal.get("linear_rows", (256, 1024), t) for t in (4 * mib, 16 * mib, STREAMED)}
     assert [th.value for th in seen.values()] == [8, 64, 16]
-    assert not seen[4 * mib].source.endswith("MiB") and seen[16 * mib].source.endswith("weights through 16 MiB")
+    assert not seen[4 * mib].source.endswith("MiB") and seen[16 * mib].source.endswith("after 16 MiB of weights")
     keys = json.loads((tmp_path / os.listdir(tmp_path)[0]).read_text())
     assert {"linear_rows 256x1024", "linear_rows 256x1024 through 16 MiB", "linear_rows 256x1024 streamed"} <= set(keys)
     again = Calibration(target, Options(machine_dir=str(tmp_path)))

@@ -225,7 +225,9 @@ class Calibration:
             else:
                 entries[key] = e
                 self._save(entries)
-        where = f"measured on this machine {e['measured']}, {self.target.isa}" + (f", weights {words}" if words else "")
+        where = f"measured on this machine {e['measured']}, {self.target.isa}"
+        if words:
+            where += ", weights streamed" if traffic == STREAMED else f", after {traffic >> 20} MiB of weights"
         if "busy" in e:
             where += f", while other processes took {round(100 * e['busy'])}% of its cores: not kept"
         return Threshold(kind, shape, int(e["value"]), where)
