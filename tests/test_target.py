@@ -248,6 +248,33 @@ def test_linear_switch_points_are_measured_after_the_models_weights_pass_through
     assert "MiB" not in again.get("attention_keys", (64,), 16 * mib).source
 
 
+def test_linear_switch_points_time_the_row_kernel_a_model_runs(tmp_path, monkeypatch, quiet):
+    """The row kernel timed against oneDNN is built with the chunk a model's library is built
+    with (measured once per machine, or set by hand), not the default chunk of a library
+    without linear layers."""
+    target = tg.detect("g++")
+    built = []
+    real = calibrate.row_kernel
+
+    def spy(target, opts, bf16=False, multiply=0, split=False, chunk=0):
+        built.append((split, chunk))
+        return real(target, opts, bf16, multiply, split, chunk)
+
+    monkeypatch.setattr(calibrate, "row_kernel", spy)
+    chunk = chunk_choices(target)[-1]
+    cal = Calibration(target, Options(machine_dir=str(tmp_path), thresholds=(("row_chunk", chunk),)))
+    setup, panels, rows, library, refresh = cal._linear(40, 24, 0, split=2)
+    assert sorted(built) == [(False, chunk), (True, chunk)]
+    setup(7)
+    refresh()
+    assert panels() > 0 and rows() > 0 and library() > 0  # each runs, timed
+    measured = Calibration(target, Options(machine_dir=str(tmp_path)))
+    monkeypatch.setattr(Calibration, "_chunk", lambda self: (chunk_choices(target)[0], {}))
+    built.clear()
+    measured._linear(40, 24, 0)
+    assert sorted(built) == [(False, chunk_choices(target)[0]), (True, chunk_choices(target)[0])]
+
+
 def test_the_row_kernels_chunk_by_hand_builds_it_and_keys_the_switch_points_measured_with_it(
     tmp_path, monkeypatch, quiet
 ):

@@ -72,6 +72,10 @@ KEYS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 HEADS = 12
 BY_HAND = "set by hand (thresholds / SYMFUSE_THRESHOLDS)"
 ANY_HEAD = 64  # the head size measured for attention whose head size is symbolic
+# how the measurements are made, in the cache file's name: a change to what a value means
+# (not only to the kernels measured) measures again. 2: the row kernel timed with the machine's
+# chunk, after the model's weight traffic
+METHOD = 2
 STREAMED = 1 << 62  # weight traffic (`weight_traffic`) of weights that stream from memory
 BUSY = 0.1  # other processes' share of this process's cores above which a measurement is not kept
 _UNKEPT: dict[tuple[str, str], dict] = {}  # (file, key) -> a measurement not kept, for this process
@@ -175,6 +179,7 @@ class Calibration:
                     way = Threshold("bf16_multiply", (), m, "")
                     source += generate(*canonical_attention(), self.target, "bf16", way).source
             source += f"rows {ROWS}"  # the sizes measured: a switch point means "up to here"
+            source += f" method {METHOD}"
             source += f" chunks {chunk_choices(self.target)}"  # the row kernel's chunks measured
             kernels = hashlib.sha256(source.encode()).hexdigest()[:8]
             limits = "".join("-" + re.sub(r"[^a-z0-9_]", "", v.lower()) for _, v in self.opts.library_limits)
@@ -384,9 +389,11 @@ class Calibration:
             way = self.multiply() if multiply is None else multiply
             rows_fn = row_kernel(self.target, self.opts, True, way)
             split_fn = row_kernel(self.target, self.opts, True, way, split=True)
-        else:
-            rows_fn = self.kernels().program.kernels.sf_linear_rows
-            split_fn = self.kernels().program.kernels.sf_linear_rows_split
+        else:  # built as a model's library builds it: with the machine's chunk (the canonical
+            # attention program has no linear layer, so its row kernel keeps tile_for's chunk)
+            chunk = self.get("row_chunk", ()).value
+            rows_fn = row_kernel(self.target, self.opts, chunk=chunk)
+            split_fn = row_kernel(self.target, self.opts, split=True, chunk=chunk)
         dtype = torch.bfloat16 if bf16 else torch.float32
         panel = tile_for(self.target).panel
         layer, least = dtype.itemsize * k * n, 2 * self.target.l2 * self.target.cores
