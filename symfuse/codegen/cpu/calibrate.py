@@ -20,8 +20,7 @@ kernels:
   (`linear_split`, `linear_split_bf16`), which the row kernel is then timed as; then, above
   the row kernel's switch point (`linear_rows`), oneDNN against the row kernel once more
   (`linear_library`, `linear_library_bf16`): on some CPUs the library wins a band of middle
-  sizes only (AMD Zen 4: 64-192 rows of BERT-base's FFN layers, the row kernel 2-4% faster
-  again from 384), so the row kernel runs again above the band, up to the largest size
+  sizes only, so the row kernel runs again above the band, up to the largest size
   measured (4096 rows); oneDNN, which blocks for any size, runs above that;
 - how the bf16 row kernel multiplies (`bf16_multiply`): `vdpbf16ps`, FMA on weights widened
   to float32 (some CPUs run `vdpbf16ps` at half their FMA rate) or, where the CPU has them,
