@@ -164,3 +164,40 @@ def test_a_program_with_a_step_run_by_torch_says_why_it_has_no_cxx_call(tmp_path
     x = torch.randn(3, 4, 8)
     with torch.no_grad():
         assert torch.allclose(c(x), net(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_bf16_program_runs_as_one_cxx_call_unless_its_row_kernel_multiplies_by_amx(tmp_path):
+    """precision="bf16": the bf16 row GEMM's team form runs inside `sf_run` (where the machine's
+    bf16 row kernel multiplies by vector instructions; by AMX tiles it keeps a region of its
+    own, and `explain` says why), bit-identical to the same steps one region each and close to
+    eager float32. On a CPU without bf16 instructions the program is float32 and still one call."""
+    torch.manual_seed(0)
+    net = Layer().eval()
+    gen = torch.Generator().manual_seed(6)
+    dims = {0: "B", 1: "S"}
+    by_hand = {"linear_rows": 4096, "linear_rows_bf16": 4096}  # the row kernel at every size
+    c = symfuse.compile(
+        net, inputs(2, 8, gen), (dims, dims), precision="bf16", thresholds=by_hand, cache_dir=str(tmp_path)
+    )
+    host, prog = c.native.host, c.native.program
+    amx = host.bf16_multiply is not None and host.bf16_multiply.value == 2
+    if amx:
+        assert host.run is None and "multiplies by AMX tiles" in host.run_missing
+        assert "no single C++ call: " in c.explain(with_graph=False)
+    else:
+        assert host.run is not None
+        gemm = "sf_rows_gemm_bf16_team(" if c.native.precision == "bf16" else "sf_rows_gemm_team("
+        assert gemm in c.native.gen.source.split('extern "C" void sf_run(', 1)[1]
+    whole = counted(prog, "sf_run") if host.run else []
+    for b, s in [(1, 1), (2, 16), (3, 13)]:
+        ids, mask = inputs(b, s, gen)
+        with torch.no_grad():
+            want = net(ids, mask)
+        got = c(ids, mask)
+        assert got.dtype == torch.float32  # stored in bf16, returned as eager returns it
+        cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+        assert cos > 0.999, (b, s, cos)
+        tensors = c._inputs((), {"ids": ids, "mask": mask})
+        (alone,) = prog(tensors, c.guard(tensors), whole=False)
+        assert torch.equal(alone, got)
+    assert len(whole) == (0 if amx else 3)

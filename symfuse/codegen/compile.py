@@ -163,7 +163,7 @@ def generate(
                 continue
             sched.notes.append(f"{st.name} runs its tensor expressions through torch: {e}")
     kernels = share(kernels, set(sched.buffers) | {it.name for it in prog.items})
-    host = generate_host(sched, kernels, symbols, bf16_rows=bf16)
+    host = generate_host(sched, kernels, symbols, bf16_rows=bf16, bf16_amx=bf16 and multiply == 2)
     host.bf16_multiply = bf16_multiply if bf16 else None
     if callable(row_chunk):  # measured (once per machine) only where it is used
         row_chunk = row_chunk() if host.panels and not bf16 else None

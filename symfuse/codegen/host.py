@@ -61,10 +61,16 @@ class _Host:
     whole_calls = True  # a call may run in C++ (`sf_run`) at bindings where every step is the library's
 
     def __init__(
-        self, sched: Schedule, kernels: dict[str, KernelSource], symbols: list[str], bf16_rows: bool = False
+        self,
+        sched: Schedule,
+        kernels: dict[str, KernelSource],
+        symbols: list[str],
+        bf16_rows: bool = False,
+        bf16_amx: bool = False,
     ) -> None:
         self.s, self.kernels, self.symbols = sched, kernels, symbols
         self.bf16_rows = bf16_rows  # the library has sf_linear_rows_bf16
+        self.bf16_amx = bf16_amx  # which multiplies by AMX tiles where the OS grants them
         self.names = {sympy.Symbol(n, integer=True, positive=True): f"s_{n}" for n in symbols}
         self.code = HostCode("")
         self.lines: list[str] = []
@@ -473,6 +479,10 @@ def _is_compute(line: str) -> bool:
 
 
 def generate_host(
-    sched: Schedule, kernels: dict[str, KernelSource], symbols: list[str], bf16_rows: bool = False
+    sched: Schedule,
+    kernels: dict[str, KernelSource],
+    symbols: list[str],
+    bf16_rows: bool = False,
+    bf16_amx: bool = False,
 ) -> HostCode:
-    return _Host(sched, kernels, symbols, bf16_rows).generate()
+    return _Host(sched, kernels, symbols, bf16_rows, bf16_amx).generate()

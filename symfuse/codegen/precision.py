@@ -33,7 +33,8 @@ def half_storage(sched: Schedule, dtype: DType) -> dict[str, DType]:
 
 
 def cast_boundary(source: str, graph: Graph, storage: dict[str, DType]) -> str:
-    """Float inputs are cast to the storage precision on entry, float outputs back on return."""
+    """Float inputs are cast to the storage precision on entry, float outputs back on every
+    return (the one C++ call's and the steps')."""
     for i, v in enumerate(graph.inputs):
         if v.name in storage:
             torch_dt = storage[v.name].torch
@@ -42,7 +43,7 @@ def cast_boundary(source: str, graph: Graph, storage: dict[str, DType]) -> str:
             )
     lines = source.split("\n")
     for i, line in enumerate(lines):
-        if line.startswith("    return ["):
+        if line.lstrip().startswith("return ["):
             for v in graph.outputs:
                 if v.name in storage:
                     line = re.sub(rf"\bt_{v.name}\b(?!\.float)", f"t_{v.name}.float()", line)

@@ -489,19 +489,17 @@ __attribute__((target("amx-tile,amx-bf16"))) static void sf_linear_rows_amx(
 #endif
 
 // C[M, N] = act(A[M, K] W^T + bias) for few rows, in bf16; W packed by pack_panels(bf16=True); the
-// threads on the panels or, with rows_first, on the rows first (sf_grid)
-static void sf_rows_gemm_bf16(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias, sf_bf16* C,
-                              int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first) {
-#if SF_BF16_MULTIPLY == 2
-  if (sf_amx_granted()) return sf_linear_rows_amx(A, lda, Wp, bias, C, ldc, M, N, K, act, rows_first);
-#endif
-  const int64_t panels = (N + SF_PANEL - 1) / SF_PANEL, blocks = (M + SF_MR - 1) / SF_MR;
+// threads on the panels or, with rows_first, on the rows first (sf_grid).
+// `sf_rows_gemm_bf16_team` is one thread's share by vector instructions (not AMX tiles), run by every
+// thread of the caller's team (its own in `sf_rows_gemm_bf16`, a whole call's in `sf_run`)
+static void sf_rows_gemm_bf16_team(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias,
+                                   sf_bf16* C, int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act,
+                                   bool rows_first) {
+  const int64_t panels = (N + SF_PANEL - 1) / SF_PANEL;
   const int64_t step = SF_PAIRS(K) * 2 * SF_PANEL;  // bf16 elements in one panel
   const int64_t lines = (K + 1) / 2 * 2 * SF_PANEL / 32;  // 64-byte lines the kernel reads of a panel
-  const int64_t team = sf_grid::threads(panels, blocks, rows_first);
-#pragma omp parallel num_threads(team) if (team > 1)
   {
-    const sf_grid g = sf_grid::mine(panels, blocks, M, 1, rows_first);
+    const sf_grid g = sf_grid::mine(panels, (M + SF_MR - 1) / SF_MR, M, 1, rows_first);
     const int64_t mine = std::max<int64_t>(1, (g.m1 - g.m0 + SF_MR - 1) / SF_MR), share = (lines + mine - 1) / mine;
 #if SF_BF16_MULTIPLY == 1
     // the thread's rows of A widened to float32 by the thread (cheap next to the products;
@@ -530,6 +528,15 @@ static void sf_rows_gemm_bf16(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, 
       }
     }
   }
+}
+static void sf_rows_gemm_bf16(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias, sf_bf16* C,
+                              int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first) {
+#if SF_BF16_MULTIPLY == 2
+  if (sf_amx_granted()) return sf_linear_rows_amx(A, lda, Wp, bias, C, ldc, M, N, K, act, rows_first);
+#endif
+  const int64_t team = sf_grid::threads((N + SF_PANEL - 1) / SF_PANEL, (M + SF_MR - 1) / SF_MR, rows_first);
+#pragma omp parallel num_threads(team) if (team > 1)
+  sf_rows_gemm_bf16_team(A, lda, Wp, bias, C, ldc, M, N, K, act, rows_first);
 }
 extern "C" void sf_linear_rows_bf16(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias, sf_bf16* C,
                                     int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act) {

@@ -94,17 +94,23 @@ class _Run:
     def gemm(self, st: GemmStep) -> list[str]:
         h = self.h
         mat = as_matrix(st.a) if st.weight is not None else None
-        if mat is None or h.s.buffers[st.a.buffer].dtype is not DType.float32:
+        dtype = h.s.buffers[st.a.buffer].dtype
+        bf16 = dtype is DType.bfloat16 and h.bf16_rows
+        if mat is None or not (dtype is DType.float32 or bf16):
             raise NotNative(f"{st.name} is a library's GEMM at every size")
+        if bf16 and h.bf16_amx:
+            raise NotNative(f"{st.name}'s bf16 row kernel multiplies by AMX tiles, in a region of its own")
         rows, lda = mat
         n, k = (int(d) for d in h.s.buffers[st.weight].shape)
         m = self.c(rows)
-        offset = f" + {self.c(st.a.offset)} * 4" if st.a.offset != 0 else ""
+        offset = f" + {self.c(st.a.offset)} * {dtype.torch.itemsize}" if st.a.offset != 0 else ""
         a = f"sf_addr{{{self.addr(st.a.buffer)}{offset}}}"
         bias = f"sf_addr{{{self.addr(st.bias)}}}" if st.bias else "nullptr"
-        split = self.threshold(threshold_name(split_kind("linear_rows"), (k, n)))
+        kind = "linear_rows_bf16" if bf16 else "linear_rows"
+        split = self.threshold(threshold_name(split_kind(kind), (k, n)))
         out = [
-            f"sf_rows_gemm_team({a}, {self.c(lda)}, sf_addr{{{self.const(f'p_{st.weight}')}}}, {bias}, "
+            f"sf_rows_gemm{'_bf16' if bf16 else ''}_team({a}, {self.c(lda)}, "
+            f"sf_addr{{{self.const(f'p_{st.weight}')}}}, {bias}, "
             f"sf_addr{{{self.addr(st.out)}}}, {n}, {m}, {n}, {k}, {activation_code(st.postop)}, {m} > {split});",
             "#pragma omp barrier",
         ]
@@ -112,8 +118,6 @@ class _Run:
 
     def generate(self) -> RunCode:
         h = self.h
-        if any(b.dtype is DType.bfloat16 for b in h.s.buffers.values()):
-            raise NotNative("precision bf16 (its row GEMM runs a step at a time)")
         body: list[str] = []
         for st in h.s.steps:
             if isinstance(st, AttentionStep):
