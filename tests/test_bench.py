@@ -159,7 +159,9 @@ def test_profile_covers_each_symfuse_engine(tmp_path):
     def launch(engine, model, log_path, env):
         def script(binding):
             step = {"op": f"linear ({engine})", "calls": 2, "seconds": 1e-3, "bytes": 0, "flops": 3e8}
-            return {"times_ms": [1.0], "err": 0.0, "profile": [step]}
+            small = {"op": "C++ loop kernels", "calls": 2, "seconds": 1e-5, "bytes": 2**18, "flops": 0}
+            big = {"op": "C++ reduction kernels", "calls": 1, "seconds": 1e-3, "bytes": 4e7, "flops": 0}
+            return {"times_ms": [1.0], "err": 0.0, "profile": [step, small, big]}
 
         return FakeWorker(engine, script, log), {"status": "ready"}
 
@@ -172,6 +174,9 @@ def test_profile_covers_each_symfuse_engine(tmp_path):
     for n in ("symfuse", "symfuse-bf16"):
         assert f"profile of one {n} call at" in text and f"linear ({n})" in text
     assert "300.0" in text and "100% of SGEMM" in text  # 3e8 FLOP in 1 ms
+    # 128 KiB a call is over in microseconds: said so; 40 MB in 1 ms is a rate to compare
+    assert "66% of copy bandwidth (128 KiB a call: fixed-cost bound)" in text
+    assert "100% of copy bandwidth" in text and "100% of copy bandwidth (" not in text
     assert "Profile of one symfuse-bf16 call" in report.markdown(result)
 
 

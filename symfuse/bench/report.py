@@ -135,6 +135,11 @@ def profiles(result: dict) -> dict[str, list[list[str]]]:
     return {n: profile_lines(p, result.get("physics") or {}) for n, p in (result.get("profile") or {}).items() if p}
 
 
+# below this many bytes moved a call, a memory-bound step is bound by its fixed cost (a parallel
+# region, a call), not by the memory's bandwidth: the profile says so beside its rate
+SMALL_BYTES = 1 << 20
+
+
 def profile_lines(p: list[dict], phys: dict) -> list[list[str]]:
     rows = []
     for s in p[:15]:
@@ -148,6 +153,9 @@ def profile_lines(p: list[dict], phys: dict) -> list[list[str]]:
             frac = f"{gflops / phys['sgemm_gflops']:.0%} of SGEMM"
         else:
             frac = f"{gbps / phys['copy_gbps']:.0%} of copy bandwidth"
+            per_call = s["bytes"] / max(s["calls"], 1)
+            if per_call < SMALL_BYTES:  # over in microseconds: its fixed cost, not the memory, decides
+                frac += f" ({per_call / 1024:.0f} KiB a call: fixed-cost bound)"
         rows.append(
             [
                 s["op"],
