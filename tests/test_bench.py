@@ -45,6 +45,7 @@ def test_summarize_medians_and_ratio_to_best_peer():
     assert rows["symfuse"]["median_ms"] == 3.0 and rows["symfuse"]["min_ms"] == 1.0
     assert rows["eager"]["median_ms"] == 7.5  # even count: mean of the middle two
     assert rows["onnxruntime"]["ratio_to_best_peer"] == 1.0  # the best peer
+    assert all(r["best_peer_ms"] == 4.0 for r in rows.values())
     assert rows["symfuse"]["ratio_to_best_peer"] == pytest.approx(3.0 / 4.0)  # symfuse is not its own peer
     assert rows["eager"]["ratio_to_best_peer"] == pytest.approx(7.5 / 4.0)
     assert rows["openvino"]["median_ms"] is None and rows["openvino"]["failure"] == "not installed: openvino"

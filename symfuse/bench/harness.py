@@ -205,7 +205,7 @@ def summarize(results: dict[str, EngineResult], bindings: list[dict[str, int]]) 
             m = medians[n]
             rows.append({
                 "engine": n, "binding": b, "median_ms": m, "min_ms": min(r.times[k]) if r.times.get(k) else None,
-                "reps": len(r.times.get(k, [])), "max_rel_err": r.errors.get(k),
+                "reps": len(r.times.get(k, [])), "max_rel_err": r.errors.get(k), "best_peer_ms": best,
                 "ratio_to_best_peer": (m / best) if (m is not None and best) else None,
                 "failure": r.failures.get(k, "" if r.status == "ok" else r.detail),
             })  # fmt: skip

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+from symfuse.bench.harness import key
+
 
 def _fmt(v, spec: str = ".2f", none: str = "-") -> str:
     return none if v is None else format(v, spec)
@@ -36,8 +38,7 @@ def shape_table(result: dict, stat: str = "median") -> tuple[list[str], list[lis
     header = ["shape"] + engines
     by_shape: dict[str, dict[str, dict]] = {}
     for r in result["rows"]:
-        label = ", ".join(f"{k}={v}" for k, v in r["binding"].items())
-        by_shape.setdefault(label, {})[r["engine"]] = r
+        by_shape.setdefault(key(r["binding"]), {})[r["engine"]] = r
     rows = []
     for label, cells in by_shape.items():
         row = [label]
@@ -71,7 +72,7 @@ def floor_table(result: dict) -> tuple[list[str], list[list[str]]] | None:
     header = ["shape", "GFLOP", "weights MB", "floor ms", "best peer ms", "floor / best peer", f"{ours} ms", "its rate"]
     rows = []
     for r in result["rows"]:
-        label = ", ".join(f"{k}={v}" for k, v in r["binding"].items())
+        label = key(r["binding"])
         w = work[ours].get(label)
         if r["engine"] != ours or w is None:
             continue
@@ -79,13 +80,7 @@ def floor_table(result: dict) -> tuple[list[str], list[list[str]]] | None:
         floor = flops / phys["fma_gflops"] / 1e6
         if weights > phys.get("l3_bytes", 0) and phys.get("read_gbps"):
             floor = max(floor, weights / phys["read_gbps"] / 1e6)
-        peers = [
-            x["median_ms"]
-            for x in result["rows"]
-            if x["binding"] == r["binding"] and not x["engine"].startswith("symfuse") and x["median_ms"] is not None
-        ]
-        best = min(peers) if peers else None
-        ms = r["median_ms"]
+        best, ms = r.get("best_peer_ms"), r["median_ms"]
         rate = flops / ms / 1e6 if ms else None
         rows.append(
             [

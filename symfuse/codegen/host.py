@@ -201,9 +201,9 @@ class _Host:
                 out.append(f"if {own}:")
                 out.append("    " + self.alloc(st.out))
                 # its threads split the panels, or above a switch point the rows first
-                split = split_kind(kind)
-                self.code.thresholds[threshold_name(split, (k, n))] = (split, (k, n))
-                call = f"(k.{rows_fn} if {self.py(rows)} <= {threshold_name(split, (k, n))} else k.{rows_fn}_split)"
+                split = threshold_name(split_kind(kind), (k, n))
+                self.code.thresholds[split] = (split_kind(kind), (k, n))
+                call = f"(k.{rows_fn} if {self.py(rows)} <= {split} else k.{rows_fn}_split)"
                 out.append(
                     f"    {call}({a}, {self.py(lda)}, a{p}, {b}, {self.ptr(st.out)}, "
                     f"{n}, {self.py(rows)}, {n}, {k}, {act})"

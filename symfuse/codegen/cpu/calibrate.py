@@ -129,8 +129,13 @@ def weight_traffic(linear_bytes: int, target: Target) -> int:
     the weights stream from memory (`STREAMED`)."""
     if linear_bytes > target.l3:
         return STREAMED
-    floor = 2 * target.l2 * target.cores
-    return max(floor, 1 << max(20, (linear_bytes - 1).bit_length()))
+    return max(least_traffic(target), 1 << max(20, (linear_bytes - 1).bit_length()))
+
+
+def least_traffic(target: Target) -> int:
+    """The bytes passed through the caches before every timed call of a linear layer at the
+    least: twice the L2 cache of every core (the layers in between have taken it)."""
+    return 2 * target.l2 * target.cores
 
 
 def traffic_words(traffic: int, target: Target) -> str:
@@ -138,7 +143,7 @@ def traffic_words(traffic: int, target: Target) -> str:
     the least: twice the L2 cache of every core)."""
     if traffic == STREAMED:
         return "streamed"
-    return f"through {traffic >> 20} MiB" if traffic > 2 * target.l2 * target.cores else ""
+    return f"through {traffic >> 20} MiB" if traffic > least_traffic(target) else ""
 
 
 def by_hand(kind: str, shape: tuple[int, ...], manual: dict[str, int]) -> Threshold | None:
@@ -395,7 +400,7 @@ class Calibration:
             split_fn = row_kernel(self.target, self.opts, split=True, chunk=chunk)
         dtype = torch.bfloat16 if bf16 else torch.float32
         panel = tile_for(self.target).panel
-        layer, least = dtype.itemsize * k * n, 2 * self.target.l2 * self.target.cores
+        layer, least = dtype.itemsize * k * n, least_traffic(self.target)
         streamed = traffic == STREAMED
         copies = max(1, min(64, (2 * self.target.l3) // layer + 1)) if streamed else 1
         gen = torch.Generator().manual_seed(0)

@@ -498,34 +498,32 @@ static void sf_rows_gemm_bf16_team(const sf_bf16* A, int64_t lda, const sf_bf16*
   const int64_t panels = (N + SF_PANEL - 1) / SF_PANEL;
   const int64_t step = SF_PAIRS(K) * 2 * SF_PANEL;  // bf16 elements in one panel
   const int64_t lines = (K + 1) / 2 * 2 * SF_PANEL / 32;  // 64-byte lines the kernel reads of a panel
-  {
-    const sf_grid g = sf_grid::mine(panels, (M + SF_MR - 1) / SF_MR, M, 1, rows_first);
-    const int64_t mine = std::max<int64_t>(1, (g.m1 - g.m0 + SF_MR - 1) / SF_MR), share = (lines + mine - 1) / mine;
+  const sf_grid g = sf_grid::mine(panels, (M + SF_MR - 1) / SF_MR, M, 1, rows_first);
+  const int64_t mine = std::max<int64_t>(1, (g.m1 - g.m0 + SF_MR - 1) / SF_MR), share = (lines + mine - 1) / mine;
 #if SF_BF16_MULTIPLY == 1
-    // the thread's rows of A widened to float32 by the thread (cheap next to the products;
-    // shared, its rows would cross between cores), K padded to even with a zero
-    const int64_t lda_a = K + K % 2;
-    std::unique_ptr<float[]> wide(new float[M * lda_a]);
-    for (int64_t m = g.m0; m < g.m1; ++m) {
-      float* __restrict__ row = wide.get() + m * lda_a;
+  // the thread's rows of A widened to float32 by the thread (cheap next to the products;
+  // shared, its rows would cross between cores), K padded to even with a zero
+  const int64_t lda_a = K + K % 2;
+  std::unique_ptr<float[]> wide(new float[M * lda_a]);
+  for (int64_t m = g.m0; m < g.m1; ++m) {
+    float* __restrict__ row = wide.get() + m * lda_a;
 #pragma omp simd
-      for (int64_t k = 0; k < K; ++k) row[k] = sf_from_bf16(A[m * lda + k]);
-      if (K % 2) row[K] = 0.0f;
-    }
-    const float* a_in = wide.get();
+    for (int64_t k = 0; k < K; ++k) row[k] = sf_from_bf16(A[m * lda + k]);
+    if (K % 2) row[K] = 0.0f;
+  }
+  const float* a_in = wide.get();
 #else
-    const int64_t lda_a = lda;
-    const sf_bf16* a_in = A;
+  const int64_t lda_a = lda;
+  const sf_bf16* a_in = A;
 #endif
-    for (int64_t p = g.p0; p < g.p1; ++p) {
-      const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
-      const sf_bf16* w = Wp + p * step;
-      for (int64_t m0 = g.m0; m0 < g.m1; m0 += SF_MR) {
-        const int64_t first = (m0 - g.m0) / SF_MR * share;
-        const int64_t pf = mine > 1 && p + 1 < g.p1 ? std::max<int64_t>(0, std::min(share, lines - first)) : 0;
-        sf_tiles_bf16[std::min<int64_t>(SF_MR, g.m1 - m0) - 1](a_in + m0 * lda_a, lda_a, w, C + m0 * ldc, ldc, bias,
-                                                               n0, nn, K, act, w + step + first * 32, pf);
-      }
+  for (int64_t p = g.p0; p < g.p1; ++p) {
+    const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
+    const sf_bf16* w = Wp + p * step;
+    for (int64_t m0 = g.m0; m0 < g.m1; m0 += SF_MR) {
+      const int64_t first = (m0 - g.m0) / SF_MR * share;
+      const int64_t pf = mine > 1 && p + 1 < g.p1 ? std::max<int64_t>(0, std::min(share, lines - first)) : 0;
+      sf_tiles_bf16[std::min<int64_t>(SF_MR, g.m1 - m0) - 1](a_in + m0 * lda_a, lda_a, w, C + m0 * ldc, ldc, bias,
+                                                             n0, nn, K, act, w + step + first * 32, pf);
     }
   }
 }
