@@ -6,6 +6,8 @@ every activation, the merged attention) and a whole bert-small against the refer
 odd shapes: 1, primes, tails that are not multiples of the vector width or the panel.
 """
 
+import os
+
 import pytest
 import torch
 
@@ -224,3 +226,16 @@ def test_bert_small_at_every_isa(isa, cache, bert_small):
         with torch.no_grad():
             assert rel_err(c(**inputs), case.model(**inputs)) < 1e-4, (isa, b, s)
     assert symfuse.compile_count() == count
+
+
+@pytest.mark.parametrize("isa", RUNNABLE)
+def test_the_benchs_fma_peak_builds_and_runs_at_every_isa(isa):
+    """The bench's FMA peak loop, in the vector type of each ISA this CPU runs: built, run, and
+    a rate no faster than the vectors allow (2 FLOPs a lane, at most 8 vector FMAs a cycle at
+    6 GHz on every core)."""
+    from symfuse.bench.worker import fma_peak
+
+    target = tg.detect("g++", isa)
+    peak = fma_peak(isa)
+    assert peak["l3_bytes"] == target.l3
+    assert 0 < peak["fma_gflops"] < 2 * target.lanes * 8 * 6.0 * (os.cpu_count() or 1)

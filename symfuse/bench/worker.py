@@ -78,9 +78,20 @@ def physics() -> dict:
 # The FMA peak: on every thread, CHAINS independent chains of vector FMAs on registers (one
 # chain waits for its last FMA; twelve cover the latency of every CPU measured), in the
 # vector type and FMA every generated kernel uses
+_CHAINS = 12
 _FMA_PEAK = """
 #include <omp.h>
-#define CHAINS 12
+#define CHAINS @CHAINS@
+// a and b opaque to the compiler at every step, so that it multiplies them there (a product
+// it could hoist out of the loop would leave only additions to time; where the ISA has no FMA,
+// generic, the chains share one product a step and the rate is that of their additions)
+#if defined(__x86_64__) || defined(__i386__)
+#define SF_OPAQUE(v) __asm__ volatile("" : "+x"(v))
+#elif defined(__aarch64__)
+#define SF_OPAQUE(v) __asm__ volatile("" : "+w"(v))
+#else
+#define SF_OPAQUE(v) (void)0
+#endif
 extern "C" double sf_fma_peak(int64_t steps) {
   double seconds = 0;
   float sink = 0;
@@ -91,7 +102,9 @@ extern "C" double sf_fma_peak(int64_t steps) {
     #pragma omp barrier
     double t0 = omp_get_wtime();
     for (int64_t i = 0; i < steps; ++i) {
-      #pragma GCC unroll 12
+      SF_OPAQUE(a);
+      SF_OPAQUE(b);
+      #pragma GCC unroll @CHAINS@
       for (int j = 0; j < CHAINS; ++j) c[j] = sf_fma(a, b, c[j]);
     }
     seconds = omp_get_wtime() - t0;
@@ -115,11 +128,11 @@ def fma_peak(isa: str = "") -> dict:
 
     opts = Options.from_env()
     target = detect(opts.cxx, isa, opts.machine_cache)
-    lib = ctypes.CDLL(build(preamble(target) + _FMA_PEAK, target, opts)[0])
+    lib = ctypes.CDLL(build(preamble(target) + _FMA_PEAK.replace("@CHAINS@", str(_CHAINS)), target, opts)[0])
     lib.sf_fma_peak.argtypes, lib.sf_fma_peak.restype = [ctypes.c_int64], ctypes.c_double
     steps = 1 << 22
     best = min(abs(lib.sf_fma_peak(steps)) for _ in range(5))
-    flops = 2 * 12 * target.lanes * steps * lib.sf_fma_threads()
+    flops = 2 * _CHAINS * target.lanes * steps * lib.sf_fma_threads()
     return {"fma_gflops": flops / best / 1e9, "l3_bytes": target.l3}
 
 
@@ -148,8 +161,7 @@ def profile_symfuse(compiled, inputs: dict) -> list[dict]:
     also where the call itself would run as one C++ call (`sf_run`)."""
     import statistics
 
-    be, binding = compiled.native, _binding(compiled, inputs)
-    tensors = compiled._inputs((), {k: v for k, v in inputs.items() if k in compiled.captured.input_names})
+    be, (tensors, binding) = compiled.native, _prepared(compiled, inputs)
     runs = [dict(be.program.profile(tensors, binding)[0]) for _ in range(5)]
     stats: dict = {}
     for st in be.schedule.steps:
@@ -165,7 +177,7 @@ def profile_symfuse(compiled, inputs: dict) -> list[dict]:
 def work_symfuse(compiled, inputs: dict) -> dict:
     """What one call of the compiled program does at `inputs`' binding, whoever runs it: its
     FLOPs (GEMMs, convolutions, attention) and the bytes of the weights it reads."""
-    be, binding = compiled.native, _binding(compiled, inputs)
+    be, (_, binding) = compiled.native, _prepared(compiled, inputs)
     flops = weights = 0
     for st in be.schedule.steps:
         _, f, _, w = step_work(be, st, binding)
@@ -173,9 +185,10 @@ def work_symfuse(compiled, inputs: dict) -> dict:
     return {"flops": flops, "weight_bytes": weights}
 
 
-def _binding(compiled, inputs: dict) -> dict[str, int]:
+def _prepared(compiled, inputs: dict) -> tuple[list, dict[str, int]]:
+    """The compiled program's input tensors for `inputs`, and their binding."""
     tensors = compiled._inputs((), {k: v for k, v in inputs.items() if k in compiled.captured.input_names})
-    return compiled.guard(tensors)
+    return tensors, compiled.guard(tensors)
 
 
 def step_work(be, st, binding: dict[str, int]) -> tuple[str, int, int, int]:
