@@ -32,6 +32,13 @@ def test_parse_sweep_defaults_and_products():
         parse_sweep("nope", {})
 
 
+def test_every_builtin_model_has_sweep_axes():
+    from symfuse.models import BUILTIN
+
+    assert set(harness.AXES) == set(BUILTIN)
+    assert parse_sweep("minilm", {"seq": "16,128"}) == [dict(B=1, S=16), dict(B=1, S=128)]
+
+
 def test_summarize_medians_and_ratio_to_best_peer():
     b = [dict(B=1, S=16)]
     k = key(b[0])

@@ -32,6 +32,7 @@ AXES = {
     "bert-base": ("text", {"batch": "B", "seq": "S"}),
     "bert-small": ("text", {"batch": "B", "seq": "S"}),
     "gpt2": ("text", {"batch": "B", "seq": "S"}),
+    "minilm": ("text", {"batch": "B", "seq": "S"}),
     "t5-encoder-small": ("text", {"batch": "B", "seq": "S"}),
     "lstm": ("text", {"batch": "B", "seq": "T"}),
     "resnet": ("image", {"batch": "B", "image": "H"}),
