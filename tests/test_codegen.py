@@ -302,7 +302,7 @@ def test_merged_attention_stops_at_the_last_key_a_block_attends_to(tmp_path):
     ex = (torch.randn(2, 5, 48), torch.ones(2, 5, dtype=torch.bool))
     c = symfuse.compile(m, ex, ({0: "B", 1: "S"}, {0: "B", 1: "S"}), cache_dir=str(tmp_path))
     (merged,) = [k for k in c.native.kernels.values() if "[attention]" in k.source]
-    assert "kmax = i3 + 1;" in merged.source and "sf_tiles[mr - 1](pr, SK" in merged.source
+    assert "kmax = i3 + 1;" in merged.source and "sf_tile_for(mr, DV - p * SF_PANEL)(pr, SK" in merged.source
     assert "for (int64_t p = 0; p < kq; ++p)" in merged.source
     count = symfuse.compile_count()
     for b, s in [(1, 1), (2, 7), (1, 65), (3, 130), (2, 200)]:
@@ -316,6 +316,54 @@ def test_merged_attention_stops_at_the_last_key_a_block_attends_to(tmp_path):
     t5 = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic, cache_dir=str(tmp_path))
     sources = [k.source for k in t5.native.kernels.values() if "[attention]" in k.source]
     assert sources and all("const int64_t kmax = SK, kq = kp;" in src for src in sources)
+
+
+class MaskedAttention(torch.nn.Module):
+    """Attention over heads of 32 with a padding mask, as SDPA's safe softmax (a row whose every
+    key is masked gives 0) or written out with a plain one (that row is NaN)."""
+
+    def __init__(self, safe: bool) -> None:
+        super().__init__()
+        self.safe = safe
+
+    def forward(self, q, k, v, pad):
+        mask = pad[:, None, None, :]
+        if self.safe:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        return torch.softmax(s.masked_fill(~mask, float("-inf")), -1) @ v
+
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_merged_attention_normalises_each_output_row_late(tmp_path, safe):
+    """The probabilities are the exponentials' row times one value per row: the merged kernel
+    multiplies the exponentials by v and each output row by that value (no pass over the keys
+    writes probabilities); a row whose every key is masked is 0 or NaN as in eager. Heads of 32
+    and key panels of fewer keys than a tile's width run on narrower tiles."""
+    torch.manual_seed(0)
+    m = MaskedAttention(safe).eval()
+    b, h, s, d = 2, 3, 5, 32
+    ex = (*(torch.randn(b, h, s, d) for _ in range(3)), torch.ones(b, s, dtype=torch.bool))
+    dims = {0: "B", 2: "S"}
+    c = symfuse.compile(m, ex, (dims, dims, dims, {0: "B", 1: "S"}), cache_dir=str(tmp_path))
+    (merged,) = [k for k in c.native.kernels.values() if "[attention]" in k.source]
+    assert "rs[r] = " in merged.source and "oh[(qb + r) * ldo + dd] *= rs[r];" in merged.source
+    assert "sf_tile_for(mr, kmax - p * SF_PANEL)" in merged.source
+    # written out, the mask is inverted by a kernel between the scores and the softmax: it runs first
+    assert safe or re.search(r"run before k\d+_matmul \(not reading its scores\)", c.explain())
+    count = symfuse.compile_count()
+    for b, s in [(1, 1), (2, 7), (3, 16), (2, 65), (1, 131)]:
+        q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
+        pad = torch.rand(b, s) > 0.3
+        pad[:, 0] = True
+        if b > 1:
+            pad[1] = False  # every key masked
+        with torch.no_grad():
+            want = m(q, k, v, pad)
+        got = c(q, k, v, pad)
+        assert torch.equal(got.isnan(), want.isnan()), (safe, b, s)
+        assert rel_err(got.nan_to_num(), want.nan_to_num()) < 1e-4, (safe, b, s)
+    assert symfuse.compile_count() == count
 
 
 def test_kernels_equal_up_to_value_names_share_one_function():

@@ -3,7 +3,8 @@ context GEMM run as one kernel, so the `[B, H, S, S]` scores never reach memory.
 
 The pattern is found on the schedule, from what the steps read and write, not from op
 names: a batched GEMM whose result only a row kernel reads, whose one output only a second
-batched GEMM reads as its left operand. Inside the merged kernel each (batch, head) packs
+batched GEMM reads as its left operand. Steps between the GEMM and the row kernel that do not
+read the scores (a mask inverted for `masked_fill`) run before the GEMM. Inside the merged kernel each (batch, head) packs
 its keys and values once, then every block of query rows computes its scores with the
 GEMM micro-kernel, runs the row kernel's code on them in cache (the barrier between the
 two kernels becomes program order inside one thread) and multiplies by the values.
@@ -218,16 +219,24 @@ def merge_attention(sched: Schedule) -> Schedule:
         for name in _reads(st):
             readers[name] = readers.get(name, 0) + 1
     steps: list = []
-    i = 0
-    while i < len(sched.steps):
-        a, b, c = (sched.steps + [None, None])[i : i + 3]
-        if c is not None and _candidate(a, b, c, sched, readers):
+    i, old = 0, sched.steps
+    while i < len(old):
+        a = old[i]
+        # the row kernel is the first step to read the scores; steps between that do not (a mask
+        # inverted for `masked_fill`) run before the scores' GEMM instead
+        j = next((j for j in range(i + 1, len(old)) if isinstance(a, GemmStep) and a.out in _reads(old[j])), 0)
+        if j and j + 1 < len(old) and _candidate(a, old[j], old[j + 1], sched, readers):
+            b, c = old[j], old[j + 1]
+            steps += old[i + 1 : j]
+            if j > i + 1:
+                moved = ", ".join(s.name for s in old[i + 1 : j])
+                sched.notes.append(f"{moved} run before {a.name} (not reading its scores), so that it merges")
             st = AttentionStep(f"{b.name}_attention", a, b, c, c.out)
             st.library = library_form(st, sched)
             steps.append(st)
             how = "torch's fused attention" if st.library else "one kernel"
             sched.notes.append(f"{a.name}, {b.name} and {c.name} run as {how}: the scores never reach memory")
-            i += 3
+            i = j + 2
         else:
             steps.append(a)
             i += 1

@@ -11,6 +11,12 @@ is `where(mask, scores, -inf)` and its probabilities are 0 wherever that input i
 (`masked_keys`), each block of query rows first finds the last key any of its rows attends
 to, and both GEMMs stop there: a causal mask halves the work, a padded batch skips its
 padding (the row code still runs over every key; past that key its probabilities are 0).
+Where the probabilities are a row of exponentials times one value per row (`late_normalisation`:
+`exp / sum`, under a safe softmax's `where`), the row code stops at the exponentials and each
+output row is multiplied by that value after the context GEMM (flash attention's late
+normalisation: one pass over the row's keys less). A last panel of fewer keys or value columns
+than `SF_PANEL` (16 keys; a head of 32 on AVX-512) is multiplied by a tile of fewer vectors
+(`sf_tile_for`), not a full one over zeros.
 
 In bfloat16 there are two forms, chosen with the machine's `bf16_multiply` (calibrate.py):
 where the CPU's `vdpbf16ps` is as fast as its FMA or faster (`dp`), k and v are packed as
@@ -29,8 +35,8 @@ from symfuse.ir.dims import fmt_shape
 from symfuse.ir.dtypes import DType
 from symfuse.schedule.attention import AttentionStep
 from symfuse.schedule.steps import Buffer, NativeStep
-from symfuse.te.analysis import has_reduce, loads
-from symfuse.te.ir import Call, Const, Load, Reduce, Scalar
+from symfuse.te.analysis import has_reduce, loads, row_scalar
+from symfuse.te.ir import Call, Const, Index, Load, Reduce, Scalar
 
 
 def masked_keys(soft: NativeStep, probs: str) -> Scalar | None:
@@ -61,6 +67,62 @@ def masked_keys(soft: NativeStep, probs: str) -> Scalar | None:
             continue
         return cond
     return None
+
+
+def late_normalisation(soft: NativeStep, probs: str) -> tuple[str, Scalar, tuple[Scalar, bool] | None] | None:
+    """Where each row of probabilities (`probs`, the step's last member) is one member's row
+    times a value per row: `e * f` or `e / s`, or either under a safe softmax's `where(c, 0,
+    ...)`, returns (e, f, zero): the kernel multiplies e's row by v and each output row by f
+    afterwards (as flash attention normalises late), one pass over the row's keys less; zero
+    is (c, the value of c at which the row's probabilities are 0 whatever e holds), or None.
+    None where the probabilities are not of that form."""
+    out = soft.members[-1] if soft.members else None
+    if out is None or out.name != probs or not out.axes:
+        return None
+    own, last = tuple(out.axes), out.axes[-1]
+    body, zero = out.body, None
+    if isinstance(body, Call) and body.fn == "where":
+        c, x, y = body.args
+        for value, taken, other in ((True, x, y), (False, y, x)):  # c's value where the row is 0
+            if isinstance(taken, Const) and taken.value == 0 and _per_row(c, last):
+                body, zero = other, (c, value)
+                break
+        else:
+            return None
+    members = {m.name: m for m in soft.members}
+    rows = {ld.tensor for ld, _ in loads(body) if ld.tensor in members and not row_scalar(members[ld.tensor])}
+    if len(rows) != 1:
+        return None
+    e = rows.pop()
+    f = _factor(body, e, own, last)
+    return None if f is None else (e, f, zero)
+
+
+def _factor(s: Scalar, e: str, own: tuple, last) -> Scalar | None:
+    """f such that s is e[own] * f, f the same along the row (`last`), or None."""
+    if isinstance(s, Load):
+        return Const(1.0, DType.float32) if s.tensor == e and tuple(s.index) == own else None
+    if isinstance(s, Call) and s.fn == "mul":
+        for x, y in (s.args, s.args[::-1]):
+            fx = _factor(x, e, own, last)
+            if fx is not None and _per_row(y, last):
+                return y if fx == Const(1.0, DType.float32) else Call("mul", (fx, y), s.dtype)
+    if isinstance(s, Call) and s.fn == "div":
+        fx = _factor(s.args[0], e, own, last)
+        if fx is not None and _per_row(s.args[1], last):
+            return Call("div", (fx, s.args[1]), s.dtype)
+    return None
+
+
+def _per_row(s: Scalar, last) -> bool:
+    """Whether `s` has one value per row: no reduction, gather or index along the row (`last`)."""
+    if isinstance(s, Load):
+        return all(isinstance(i, sympy.Expr) and last not in i.free_symbols for i in s.index)
+    if isinstance(s, Index):
+        return last not in s.expr.free_symbols
+    if isinstance(s, Call):
+        return all(_per_row(a, last) for a in s.args)
+    return isinstance(s, Const)
 
 
 def _minus_inf(s, inline: dict) -> bool:
@@ -116,9 +178,32 @@ def emit_attention(
     a_in, c_out = ("qf, D", "of, DV") if bf16 else ("qh + qb * ldq, ldq", "oh + qb * ldo, ldo")
     em = _Emitter(soft, buffers, symbols, gathers)
     em.rows_in = {a.out: "sc_row"}
-    em.rows_out = {c.a.buffer: "pr_row"}
+    # probabilities normalised late: pr holds e's rows, each output row is multiplied by its f
+    late = late_normalisation(soft, c.a.buffer)
+    em.rows_out = {late[0] if late else c.a.buffer: "pr_row"}
+    em.folded = {c.a.buffer} if late else set()
     ins = em.prepare([])
     row = em.body(None, 3)
+    if late:
+        _, f, zero = late
+        start = len(em.lines)
+        f_code, _ = em.expr(f)
+        z_code = em.expr(zero[0])[0] if zero else None
+        row += em.lines[start:]  # lines the expressions need, at the row code's depth
+        del em.lines[start:]
+        late_lines = [f"// the row's probabilities are pr_row times {f_code}: its output row is, after the GEMM"]
+        if zero is None:
+            late_lines.append(f"rs[r] = {f_code};")
+        else:
+            late_lines += [
+                f"if ({'' if zero[1] else '!'}({z_code})) {{  // probabilities 0 whatever pr_row holds",
+                "  std::fill(pr_row, pr_row + SK, 0.0f);",
+                "  rs[r] = 1.0f;",
+                "} else {",
+                f"  rs[r] = {f_code};",
+                "}",
+            ]
+        row += ["      " + x for x in late_lines]
     n = em.names
     # the last key a block of query rows attends to, where the mask says (masked_keys)
     mask, mask_code = masked_keys(soft, c.a.buffer), None
@@ -158,8 +243,10 @@ def emit_attention(
         "std::unique_ptr<float[]> sc_buf(new float[SF_MR * ldsc]()), pr_buf(new float[SF_MR * SK]);",
         "float* __restrict__ sc = sc_buf.get();",
         "float* __restrict__ pr = pr_buf.get();",
+        *(["float rs[SF_MR];  // each row's factor, normalised late"] if late else []),
         *em.scratch_lines,
     ]
+    rs = " * rs[r]" if late else ""
     head_lines = [
         "#pragma omp for schedule(static)",
         "for (int64_t bh = 0; bh < NB * NH; ++bh) {",
@@ -232,7 +319,7 @@ def emit_attention(
             "    for (int64_t p = 0; p < vp; ++p)",
             "      sf_tiles_dp[mr - 1](pb, SK2, vv + p * SK2 * SF_PANEL, of + p * SF_PANEL, ldof, kmax);",
             "    for (int64_t r = 0; r < mr; ++r)  // the block's output rows, rounded once",
-            "      for (int64_t dd = 0; dd < DV; ++dd) oh[(qb + r) * ldo + dd] = sf_to_bf16(of[r * ldof + dd]);",
+            f"      for (int64_t dd = 0; dd < DV; ++dd) oh[(qb + r) * ldo + dd] = sf_to_bf16(of[r * ldof + dd]{rs});",
             "  }",
             "}",
         ]
@@ -272,19 +359,26 @@ def emit_attention(
                 if bf16
                 else []
             ),
-            "    for (int64_t p = 0; p < kq; ++p)",
-            f"      sf_tiles[mr - 1]({a_in}, kt + p * D * SF_PANEL, sc, ldsc, nullptr, false,",
-            "                       p * SF_PANEL, SF_PANEL, D, nullptr, 0);",
+            "    for (int64_t p = 0; p < kq; ++p)  // a last panel of fewer keys by a narrower tile",
+            f"      sf_tile_for(mr, kmax - p * SF_PANEL)({a_in}, kt + p * D * SF_PANEL, sc, ldsc, nullptr, false,",
+            "                                           p * SF_PANEL, SF_PANEL, D, nullptr, 0);",
             *softmax,
             "    for (int64_t p = 0; p < vp; ++p)",
-            f"      sf_tiles[mr - 1](pr, SK, vv + p * SK * SF_PANEL, {c_out}, nullptr, false,",
-            "                       p * SF_PANEL, std::min<int64_t>(SF_PANEL, DV - p * SF_PANEL), kmax, nullptr, 0);",
+            f"      sf_tile_for(mr, DV - p * SF_PANEL)(pr, SK, vv + p * SK * SF_PANEL, {c_out}, nullptr, false,",
+            "                                         p * SF_PANEL, std::min<int64_t>(SF_PANEL, DV - p * SF_PANEL),",
+            "                                         kmax, nullptr, 0);",
             *(
                 [
                     "    for (int64_t r = 0; r < mr; ++r)  // the block's output rows, rounded once",
-                    "      for (int64_t dd = 0; dd < DV; ++dd) oh[(qb + r) * ldo + dd] = sf_to_bf16(of[r * DV + dd]);",
+                    "      for (int64_t dd = 0; dd < DV; ++dd)",
+                    f"        oh[(qb + r) * ldo + dd] = sf_to_bf16(of[r * DV + dd]{rs});",
                 ]
                 if bf16
+                else [
+                    "    for (int64_t r = 0; r < mr; ++r)  // the block's output rows, normalised",
+                    "      for (int64_t dd = 0; dd < DV; ++dd) oh[(qb + r) * ldo + dd] *= rs[r];",
+                ]
+                if late
                 else []
             ),
             "  }",

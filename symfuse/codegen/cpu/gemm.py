@@ -126,6 +126,8 @@ def gemm_source(tile: Tile, bf16: bool = False, multiply: int = 0) -> str:
     out = out.replace("@MR@", str(tile.rows)).replace("@NV@", str(tile.vectors))
     for key, pf in (("@TABLE@", "false"), ("@TABLE_PF@", "true")):
         out = out.replace(key, ", ".join(f"sf_tile<{m}, {pf}>" for m in range(1, tile.rows + 1)))
+    rows = (", ".join(f"sf_tile<{m}, false, {v}>" for m in range(1, tile.rows + 1)) for v in range(1, tile.vectors + 1))
+    out = out.replace("@TABLE_NV@", ", ".join("{" + r + "}" for r in rows))
     return out.replace("@KC@", str(tile.chunk))
 
 
@@ -143,31 +145,33 @@ _SOURCE = r"""
 // 2 threads: 128-192 rows a thread 5-10% faster with it, 512 rows 0-4% slower)
 #define SF_PF_BLOCKS 32
 #define SF_KC @KC@  // steps of K in one chunk of a panel (chunk_choices: two thirds of L1 or a quarter of L2)
-template <int MR, bool PF>
+// NV: vectors of the panel the tile computes (fewer than SF_NV for a narrow last panel, whose
+// columns past them are not computed at all; the panel's rows keep their SF_PANEL stride)
+template <int MR, bool PF, int NV = SF_NV>
 static inline void sf_tile(const float* __restrict__ A, int64_t lda, const float* __restrict__ w,
                            float* __restrict__ C, int64_t ldc, const float* __restrict__ bias, bool add, int64_t n0,
                            int64_t nn, int64_t K, const float* __restrict__ pf, int64_t pf_lines) {
-  sf_vec acc[MR][SF_NV];
+  sf_vec acc[MR][NV];
 #pragma GCC unroll 8
   for (int m = 0; m < MR; ++m)
 #pragma GCC unroll 4
-    for (int j = 0; j < SF_NV; ++j) acc[m][j] = sf_splat(0.0f);
+    for (int j = 0; j < NV; ++j) acc[m][j] = sf_splat(0.0f);
   int64_t pf_due = 0, pf_next = 0;  // a share of the next panel, fetched while this one computes
   for (int64_t k = 0; k < K; ++k) {
-    sf_vec wv[SF_NV];
+    sf_vec wv[NV];
 #pragma GCC unroll 4
-    for (int j = 0; j < SF_NV; ++j) wv[j] = sf_load(w + k * SF_PANEL + j * SF_LANES);
+    for (int j = 0; j < NV; ++j) wv[j] = sf_load(w + k * SF_PANEL + j * SF_LANES);
     for (pf_due += pf_lines; PF && pf_due >= K; pf_due -= K)  // pf_lines spread evenly over the K steps
       __builtin_prefetch(pf + 16 * pf_next++, 0, 2);
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) {
       const sf_vec a = sf_splat(A[m * lda + k]);
 #pragma GCC unroll 4
-      for (int j = 0; j < SF_NV; ++j) acc[m][j] = sf_fma(a, wv[j], acc[m][j]);
+      for (int j = 0; j < NV; ++j) acc[m][j] = sf_fma(a, wv[j], acc[m][j]);
     }
   }
 #pragma GCC unroll 4
-  for (int j = 0; j < SF_NV; ++j) {
+  for (int j = 0; j < NV; ++j) {
     const int64_t c = n0 + SF_LANES * j, left = nn - SF_LANES * j;
     if (left <= 0) break;
     if (left >= SF_LANES) {
@@ -186,6 +190,12 @@ typedef void (*sf_tile_fn)(const float*, int64_t, const float*, float*, int64_t,
                            int64_t, int64_t, const float*, int64_t);
 static const sf_tile_fn sf_tiles[SF_MR] = {@TABLE@};  // sf_tiles[m - 1]: a tile of m rows
 static const sf_tile_fn sf_tiles_pf[SF_MR] = {@TABLE_PF@};  // the same, prefetching
+// sf_tiles_nv[v - 1][m - 1]: a tile of m rows by v vectors (the merged attention's GEMMs: a
+// panel of fewer keys or value columns than SF_PANEL, at 16 keys or a head of 32 on AVX-512)
+static const sf_tile_fn sf_tiles_nv[SF_NV][SF_MR] = {@TABLE_NV@};
+static inline sf_tile_fn sf_tile_for(int64_t rows, int64_t columns) {  // the narrowest that covers them
+  return sf_tiles_nv[std::min<int64_t>(SF_NV, (columns + SF_LANES - 1) / SF_LANES) - 1][rows - 1];
+}
 
 #define SF_ROW_LOOP(expr) \
   { _Pragma("omp simd") for (int64_t j = 0; j < n; ++j) { const float x = row[j]; row[j] = (expr); } }

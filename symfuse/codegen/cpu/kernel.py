@@ -80,6 +80,7 @@ class _Emitter:
         self.inlined: dict[str, TE] = {}  # members computed at their one reader
         self.rows_in: dict[str, str] = {}  # tensors whose current row a C pointer holds (fused attention)
         self.rows_out: dict[str, str] = {}  # members whose row goes to a C pointer instead of a buffer
+        self.folded: set[str] = set()  # members the caller computes another way (not emitted)
         self.row_scalars: set[str] = set()  # C names of one-value-per-row members (loop-invariant)
         # where a member's loop starts (line, depth), the loop variables inside it, and the
         # gathers already checked there: a gather index that does not vary along the loop
@@ -173,12 +174,15 @@ class _Emitter:
         if ld.tensor in self.inlined:
             m = self.inlined[ld.tensor]
             return self.expr(substitute(m.body, dict(zip(m.axes, ld.index))))
-        if ld.tensor in self.rows_in:
+        if ld.tensor in self.rows_in or ld.tensor in self.rows_out:
             ax = self.step.members[-1].axes
             if not in_row(ld.index, ax, self.step.members[-1].shape):
                 raise CodegenError(f"{ld.tensor} is read outside its row inside kernel {self.step.name}")
-            dt = self.buffers[ld.tensor].dtype  # a row in a float buffer when stored in bf16
-            return f"{self.rows_in[ld.tensor]}[{self.c(ld.index[-1])}]", _WIDE.get(dt, dt)
+            if ld.tensor in self.rows_in:
+                row, dt = self.rows_in[ld.tensor], self.buffers[ld.tensor].dtype
+            else:  # a member's row, read back where it was just written
+                row, dt = self.rows_out[ld.tensor], next(m.dtype for m in self.step.members if m.name == ld.tensor)
+            return f"{row}[{self.c(ld.index[-1])}]", _WIDE.get(dt, dt)  # a row in float when stored in bf16
         if ld.tensor in self.local:
             m = self.local[ld.tensor]
             if not in_row(ld.index, m.axes, m.shape):
@@ -452,7 +456,7 @@ class _Emitter:
                 self.line(f"const int64_t {nxt} = {rem} / {c};")
                 rem = nxt
         for m in self.step.members:
-            if m.name not in self.inlined:
+            if m.name not in self.inlined and m.name not in self.folded:
                 self.member(m)
 
     def riders(self, m: TE) -> list[tuple[str, Reduce]]:
@@ -460,7 +464,7 @@ class _Emitter:
         element its loop computes and nothing computed after it: each is accumulated in m's
         loop instead of a loop of its own (a softmax's max over its masked scores, its sum over
         the exponentials), one pass over the row less. With the statistic's name."""
-        order = [x for x in self.step.members if x.name not in self.inlined]
+        order = [x for x in self.step.members if x.name not in self.inlined and x.name not in self.folded]
         later = order[order.index(m) + 1 :]
         after, last = {x.name for x in later}, m.axes[-1]
         defs = {**{n: g for n, g in self.step.inline.items() if n not in self.buffers}, **self.inlined}
@@ -507,7 +511,7 @@ class _Emitter:
             self.scratch_lines.append(f"std::unique_ptr<{ct}[]> row_{m.name}(new {ct}[{self.c(m.shape[-1])}]);")
             self.scratch_lines.append(f"{ct}* __restrict__ v_{m.name} = row_{m.name}.get();")
         vector = all(is_window(r) for r in reductions(m.body))
-        riders = self.riders(m) if vector and m.name not in self.rows_out else []
+        riders = self.riders(m) if vector else []
         accs = [(r, *self.accumulator(r)) for _, r in riders]
         self.hoist, self.inner = (len(self.lines), self.depth), {last}
         if vector:
