@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+from symfuse.codegen.cpu.attention import late_normalisation
 from symfuse.codegen.cpu.calibrate import ROWS
 from symfuse.ir.dims import fmt
 from symfuse.ir.graph import Graph, print_graph
@@ -217,9 +218,16 @@ def _steps_section(native) -> list[str]:
                 if st.library
                 else "the three steps (torch.matmul, C++, torch.matmul)"
             )
+            late = getattr(native, "host", None) is not None and late_normalisation(st.softmax, st.context.a.buffer)
             out.append(
                 f"  {st.name}: merged attention ({st.scores.name} + {st.softmax.name} + {st.context.name}) as one "
-                f"native kernel up to {native.limit(st)} keys; above, {above}"
+                f"native kernel up to {native.limit(st)} keys"
+                + (
+                    " (probabilities normalised late: each output row times its value after the second GEMM)"
+                    if late
+                    else ""
+                )
+                + f"; above, {above}"
             )
         elif isinstance(st, NativeStep) and st.name not in native.kernels:
             out.append(f"  {st.name}: tensor expressions through torch (no C++ for them) [{st.kind}]")

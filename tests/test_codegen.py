@@ -351,6 +351,7 @@ def test_merged_attention_normalises_each_output_row_late(tmp_path, safe):
     assert "sf_tile_for(mr, kmax - p * SF_PANEL)" in merged.source
     # written out, the mask is inverted by a kernel between the scores and the softmax: it runs first
     assert safe or re.search(r"run before k\d+_matmul \(not reading its scores\)", c.explain())
+    assert "(probabilities normalised late:" in c.explain()
     count = symfuse.compile_count()
     for b, s in [(1, 1), (2, 7), (3, 16), (2, 65), (1, 131)]:
         q, k, v = (torch.randn(b, h, s, d) for _ in range(3))

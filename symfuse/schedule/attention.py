@@ -4,10 +4,11 @@ context GEMM run as one kernel, so the `[B, H, S, S]` scores never reach memory.
 The pattern is found on the schedule, from what the steps read and write, not from op
 names: a batched GEMM whose result only a row kernel reads, whose one output only a second
 batched GEMM reads as its left operand. Steps between the GEMM and the row kernel that do not
-read the scores (a mask inverted for `masked_fill`) run before the GEMM. Inside the merged kernel each (batch, head) packs
-its keys and values once, then every block of query rows computes its scores with the
-GEMM micro-kernel, runs the row kernel's code on them in cache (the barrier between the
-two kernels becomes program order inside one thread) and multiplies by the values.
+read the scores (a mask inverted for `masked_fill`) run before the GEMM. Inside the merged
+kernel each (batch, head) packs its keys and values once, then every block of query rows
+computes its scores with the GEMM micro-kernel, runs the row kernel's code on them in cache
+(the barrier between the two kernels becomes program order inside one thread) and
+multiplies by the values.
 The host keeps a second version and picks per call from the number of keys: torch's fused
 attention (a library kernel, as GEMMs are) when the row kernel is exactly attention's
 scale, mask and safe softmax, else the three steps (library batched GEMMs around the row
