@@ -122,7 +122,7 @@ def test_bf16_merged_attention_at_odd_shapes(isa, multiply, cache):
     target = tg.detect("g++", isa)
     way = Threshold("bf16_multiply", (), multiply, "test")
     source = generate(*canonical_attention(), target, "bf16", way).source
-    assert ("sf_tiles_dp[mr - 1]" in source) == (has_bf16_rows(target) and multiply == 0)
+    assert ("sf_tile_dp_for(mr, " in source) == (has_bf16_rows(target) and multiply == 0)
     shapes = ATTENTION_SHAPES + [(1, 12, 65, 20), (1, 2, 150, 24), (2, 1, 9, 80)]
     options = lambda limit: forced(cache, limit, multiply)  # noqa: E731
     for case, want, got in merged_attention_cases(isa, options, shapes, False, force_precision=True):

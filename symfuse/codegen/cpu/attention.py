@@ -16,7 +16,7 @@ Where the probabilities are a row of exponentials times one value per row (`late
 output row is multiplied by that value after the context GEMM (flash attention's late
 normalisation: one pass over the row's keys less). A last panel of fewer keys or value columns
 than `SF_PANEL` (16 keys; a head of 32 on AVX-512) is multiplied by a tile of fewer vectors
-(`sf_tile_for`), not a full one over zeros.
+(`sf_tile_for`, in bf16 pairs `sf_tile_dp_for`), not a full one over zeros.
 
 In bfloat16 there are two forms, chosen with the machine's `bf16_multiply` (calibrate.py):
 where the CPU's `vdpbf16ps` is as fast as its FMA or faster (`dp`), k and v are packed as
@@ -162,7 +162,7 @@ def _zero_where(s, name: str, index: tuple) -> bool:
 def emit_attention(
     st: AttentionStep, buffers: dict[str, Buffer], symbols: list[str], gathers: list[str], dp: bool = False
 ):
-    """The merged kernel of `st`; `dp`: in bf16, its GEMMs by `vdpbf16ps` (`sf_tiles_dp`, which the
+    """The merged kernel of `st`; `dp`: in bf16, its GEMMs by `vdpbf16ps` (`sf_tile_dp_for`, which the
     program's bf16 GEMM source defines) rather than FMA on widened values."""
     a, soft, c = st.scores, st.softmax, st.context
     q, kt, v = a.a, a.b, c.b
@@ -312,12 +312,14 @@ def emit_attention(
             "    for (int64_t r = 0; r < mr; ++r)  // the block's q rows, D padded to even",
             "      std::memcpy(qb2 + r * D2, qh + (qb + r) * ldq, D * sizeof(sf_bf16));",
             "    for (int64_t p = 0; p < kq; ++p)",
-            "      sf_tiles_dp[mr - 1](qb2, D2, kt + p * D2 * SF_PANEL, sc + p * SF_PANEL, ldsc, D2);",
+            "      sf_tile_dp_for(mr, kmax - p * SF_PANEL)(qb2, D2, kt + p * D2 * SF_PANEL, sc + p * SF_PANEL, ldsc,",
+            "                                              D2);",
             *softmax,
             "    for (int64_t r = 0; r < mr; ++r)  // the probabilities rounded to bf16, keys padded to even",
             "      for (int64_t j = 0; j < SK; ++j) pb[r * SK2 + j] = sf_to_bf16(pr[r * SK + j]);",
             "    for (int64_t p = 0; p < vp; ++p)",
-            "      sf_tiles_dp[mr - 1](pb, SK2, vv + p * SK2 * SF_PANEL, of + p * SF_PANEL, ldof, kmax);",
+            "      sf_tile_dp_for(mr, DV - p * SF_PANEL)(pb, SK2, vv + p * SK2 * SF_PANEL, of + p * SF_PANEL, ldof,",
+            "                                            kmax);",
             "    for (int64_t r = 0; r < mr; ++r)  // the block's output rows, rounded once",
             f"      for (int64_t dd = 0; dd < DV; ++dd) oh[(qb + r) * ldo + dd] = sf_to_bf16(of[r * ldof + dd]{rs});",
             "  }",

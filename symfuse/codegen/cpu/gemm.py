@@ -119,7 +119,10 @@ def gemm_source(tile: Tile, bf16: bool = False, multiply: int = 0) -> str:
     out = _SOURCE
     if bf16:
         table = ", ".join(f"sf_tile_bf16<{m}>" for m in range(1, tile.rows + 1))
-        dp = ", ".join(f"sf_tile_dp<{m}>" for m in range(1, tile.rows + 1))
+        dp = ", ".join(
+            "{" + ", ".join(f"sf_tile_dp<{m}, {v}>" for m in range(1, tile.rows + 1)) + "}"
+            for v in range(1, tile.vectors + 1)
+        )
         out += (
             _BF16_SOURCE.replace("@TABLE_BF16@", table).replace("@TABLE_DP@", dp).replace("@MULTIPLY@", str(multiply))
         )
@@ -328,20 +331,20 @@ typedef float sf_bf16_a;  // A as the tile reads it
 typedef sf_bf16 sf_bf16_a;
 #endif
 #if SF_BF16_MULTIPLY != 1
-// acc[MR][SF_NV] += A[MR, K] W by vdpbf16ps, a pair of k steps per instruction: A bf16 rows, W one
-// panel of pairs (an odd K's last step meets W's zero-padded pair); pf_lines lines from `pf` on
-// are prefetched meanwhile, spread over the pairs
-template <int MR>
+// acc[MR][NV] += A[MR, K] W by vdpbf16ps, a pair of k steps per instruction: A bf16 rows, W one
+// panel of pairs (an odd K's last step meets W's zero-padded pair), its first NV vectors;
+// pf_lines lines from `pf` on are prefetched meanwhile, spread over the pairs
+template <int MR, int NV = SF_NV>
 static inline __attribute__((always_inline)) void sf_dp(const sf_bf16* __restrict__ A, int64_t lda,
                                                         const sf_bf16* __restrict__ w, int64_t K,
-                                                        __m512 (&acc)[MR][SF_NV], const sf_bf16* __restrict__ pf,
+                                                        __m512 (&acc)[MR][NV], const sf_bf16* __restrict__ pf,
                                                         int64_t pf_lines) {
   const int64_t pairs = (K + 1) / 2;
   int64_t pf_due = 0, pf_next = 0;
   auto step = [&](int64_t k2, bool whole) __attribute__((always_inline)) {
-    __m512bh wv[SF_NV];
+    __m512bh wv[NV];
 #pragma GCC unroll 4
-    for (int j = 0; j < SF_NV; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(w + (k2 * SF_PANEL + j * SF_LANES) * 2);
+    for (int j = 0; j < NV; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(w + (k2 * SF_PANEL + j * SF_LANES) * 2);
     for (pf_due += pf_lines; pf_due >= pairs; pf_due -= pairs)
       __builtin_prefetch(pf + 32 * pf_next++, 0, 2);
 #pragma GCC unroll 8
@@ -350,30 +353,34 @@ static inline __attribute__((always_inline)) void sf_dp(const sf_bf16* __restric
       if (whole) std::memcpy(&pair, A + m * lda + 2 * k2, sizeof pair);
       const __m512bh a = (__m512bh)_mm512_set1_epi32(int32_t(pair));
 #pragma GCC unroll 4
-      for (int j = 0; j < SF_NV; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], a, wv[j]);
+      for (int j = 0; j < NV; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], a, wv[j]);
     }
   };
   for (int64_t k2 = 0; k2 < K / 2; ++k2) step(k2, true);
   if (K % 2) step(K / 2, false);
 }
 
-// C[MR, SF_PANEL] = A[MR, K] W in float, by vdpbf16ps (the merged attention's GEMMs in bf16)
-template <int MR>
+// C[MR, NV vectors] = A[MR, K] W in float, by vdpbf16ps (the merged attention's GEMMs in bf16)
+template <int MR, int NV>
 static inline void sf_tile_dp(const sf_bf16* __restrict__ A, int64_t lda, const sf_bf16* __restrict__ w,
                               float* __restrict__ C, int64_t ldc, int64_t K) {
-  __m512 acc[MR][SF_NV];
+  __m512 acc[MR][NV];
 #pragma GCC unroll 8
   for (int m = 0; m < MR; ++m)
 #pragma GCC unroll 4
-    for (int j = 0; j < SF_NV; ++j) acc[m][j] = _mm512_setzero_ps();
-  sf_dp<MR>(A, lda, w, K, acc, nullptr, 0);
+    for (int j = 0; j < NV; ++j) acc[m][j] = _mm512_setzero_ps();
+  sf_dp<MR, NV>(A, lda, w, K, acc, nullptr, 0);
 #pragma GCC unroll 8
   for (int m = 0; m < MR; ++m)
 #pragma GCC unroll 4
-    for (int j = 0; j < SF_NV; ++j) _mm512_storeu_ps(C + m * ldc + SF_LANES * j, acc[m][j]);
+    for (int j = 0; j < NV; ++j) _mm512_storeu_ps(C + m * ldc + SF_LANES * j, acc[m][j]);
 }
 typedef void (*sf_tile_dp_fn)(const sf_bf16*, int64_t, const sf_bf16*, float*, int64_t, int64_t);
-static const sf_tile_dp_fn sf_tiles_dp[SF_MR] = {@TABLE_DP@};
+// sf_tiles_dp[v - 1][m - 1]: m rows by v vectors; sf_tile_dp_for: the narrowest covering `columns`
+static const sf_tile_dp_fn sf_tiles_dp[SF_NV][SF_MR] = {@TABLE_DP@};
+static inline sf_tile_dp_fn sf_tile_dp_for(int64_t rows, int64_t columns) {
+  return sf_tiles_dp[std::min<int64_t>(SF_NV, (columns + SF_LANES - 1) / SF_LANES) - 1][rows - 1];
+}
 #endif
 
 template <int MR>
