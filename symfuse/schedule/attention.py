@@ -225,7 +225,8 @@ def merge_attention(sched: Schedule) -> Schedule:
         a = old[i]
         # the row kernel is the first step to read the scores; steps between that do not (a mask
         # inverted for `masked_fill`) run before the scores' GEMM instead
-        j = next((j for j in range(i + 1, len(old)) if isinstance(a, GemmStep) and a.out in _reads(old[j])), 0)
+        batched = isinstance(a, GemmStep) and a.op == "matmul"
+        j = next((j for j in range(i + 1, len(old)) if a.out in _reads(old[j])), 0) if batched else 0
         if j and j + 1 < len(old) and _candidate(a, old[j], old[j + 1], sched, readers):
             b, c = old[j], old[j + 1]
             steps += old[i + 1 : j]

@@ -119,19 +119,21 @@ def gemm_source(tile: Tile, bf16: bool = False, multiply: int = 0) -> str:
     out = _SOURCE
     if bf16:
         table = ", ".join(f"sf_tile_bf16<{m}>" for m in range(1, tile.rows + 1))
-        dp = ", ".join(
-            "{" + ", ".join(f"sf_tile_dp<{m}, {v}>" for m in range(1, tile.rows + 1)) + "}"
-            for v in range(1, tile.vectors + 1)
-        )
+        dp = _by_vectors(tile, "sf_tile_dp<{m}, {v}>")
         out += (
             _BF16_SOURCE.replace("@TABLE_BF16@", table).replace("@TABLE_DP@", dp).replace("@MULTIPLY@", str(multiply))
         )
     out = out.replace("@MR@", str(tile.rows)).replace("@NV@", str(tile.vectors))
     for key, pf in (("@TABLE@", "false"), ("@TABLE_PF@", "true")):
         out = out.replace(key, ", ".join(f"sf_tile<{m}, {pf}>" for m in range(1, tile.rows + 1)))
-    rows = (", ".join(f"sf_tile<{m}, false, {v}>" for m in range(1, tile.rows + 1)) for v in range(1, tile.vectors + 1))
-    out = out.replace("@TABLE_NV@", ", ".join("{" + r + "}" for r in rows))
+    out = out.replace("@TABLE_NV@", _by_vectors(tile, "sf_tile<{m}, false, {v}>"))
     return out.replace("@KC@", str(tile.chunk))
+
+
+def _by_vectors(tile: Tile, name: str) -> str:
+    """A C table [vectors][rows] of the tile template `name` (`{m}` rows, `{v}` vectors)."""
+    rows = range(1, tile.rows + 1)
+    return ", ".join("{" + ", ".join(name.format(m=m, v=v) for m in rows) + "}" for v in range(1, tile.vectors + 1))
 
 
 _SOURCE = r"""
@@ -196,8 +198,11 @@ static const sf_tile_fn sf_tiles_pf[SF_MR] = {@TABLE_PF@};  // the same, prefetc
 // sf_tiles_nv[v - 1][m - 1]: a tile of m rows by v vectors (the merged attention's GEMMs: a
 // panel of fewer keys or value columns than SF_PANEL, at 16 keys or a head of 32 on AVX-512)
 static const sf_tile_fn sf_tiles_nv[SF_NV][SF_MR] = {@TABLE_NV@};
+static inline int64_t sf_vectors(int64_t columns) {  // of a panel, to cover `columns` of it
+  return std::min<int64_t>(SF_NV, (columns + SF_LANES - 1) / SF_LANES);
+}
 static inline sf_tile_fn sf_tile_for(int64_t rows, int64_t columns) {  // the narrowest that covers them
-  return sf_tiles_nv[std::min<int64_t>(SF_NV, (columns + SF_LANES - 1) / SF_LANES) - 1][rows - 1];
+  return sf_tiles_nv[sf_vectors(columns) - 1][rows - 1];
 }
 
 #define SF_ROW_LOOP(expr) \
@@ -379,7 +384,7 @@ typedef void (*sf_tile_dp_fn)(const sf_bf16*, int64_t, const sf_bf16*, float*, i
 // sf_tiles_dp[v - 1][m - 1]: m rows by v vectors; sf_tile_dp_for: the narrowest covering `columns`
 static const sf_tile_dp_fn sf_tiles_dp[SF_NV][SF_MR] = {@TABLE_DP@};
 static inline sf_tile_dp_fn sf_tile_dp_for(int64_t rows, int64_t columns) {
-  return sf_tiles_dp[std::min<int64_t>(SF_NV, (columns + SF_LANES - 1) / SF_LANES) - 1][rows - 1];
+  return sf_tiles_dp[sf_vectors(columns) - 1][rows - 1];
 }
 #endif
 
