@@ -186,6 +186,9 @@ def test_profile_covers_each_symfuse_engine(tmp_path):
     assert "66% of copy bandwidth (128 KiB a call: fixed-cost bound)" in text
     assert "100% of copy bandwidth" in text and "100% of copy bandwidth (" not in text
     assert "Profile of one symfuse-bf16 call" in report.markdown(result)
+    # with the FMA peak measured, a GEMM's rate is put against it, the machine's limit
+    result["physics"]["fma_gflops"] = 400.0
+    assert "75% of the fp32 FMA peak" in report.terminal(result) and "of SGEMM" not in report.terminal(result)
 
 
 def test_isa_holds_symfuse_and_its_libraries_to_it_and_leaves_the_peers(tmp_path):

@@ -144,6 +144,8 @@ def profile_lines(p: list[dict], phys: dict) -> list[list[str]]:
             frac = "views only (no data moved)"
         elif not phys:
             frac = "-"
+        elif s["flops"] and phys.get("fma_gflops"):  # the machine's limit (bf16 multiplies may pass it)
+            frac = f"{gflops / phys['fma_gflops']:.0%} of the fp32 FMA peak"
         elif s["flops"]:
             frac = f"{gflops / phys['sgemm_gflops']:.0%} of SGEMM"
         else:
