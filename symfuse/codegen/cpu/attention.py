@@ -14,7 +14,8 @@ padding (the row code still runs over every key; past that key its probabilities
 Where the probabilities are a row of exponentials times one value per row (`late_normalisation`:
 `exp / sum`, under a safe softmax's `where`), the row code stops at the exponentials and each
 output row is multiplied by that value after the context GEMM (flash attention's late
-normalisation: one pass over the row's keys less). A last panel of fewer keys or value columns
+normalisation: one pass over the row's keys less), in float32 by the GEMM's tile as it stores
+the row (`sf_tile`'s `scale`), in bf16 before the rounding. A last panel of fewer keys or value columns
 than `SF_PANEL` (16 keys; a head of 32 on AVX-512) is multiplied by a tile of fewer vectors
 (`sf_tile_for`, in bf16 pairs `sf_tile_dp_for`), not a full one over zeros.
 
@@ -363,12 +364,15 @@ def emit_attention(
             ),
             "    for (int64_t p = 0; p < kq; ++p)  // a last panel of fewer keys by a narrower tile",
             f"      sf_tile_for(mr, kmax - p * SF_PANEL)({a_in}, kt + p * D * SF_PANEL, sc, ldsc, nullptr, false,",
-            "                                           p * SF_PANEL, SF_PANEL, D, nullptr, 0);",
+            "                                           p * SF_PANEL, SF_PANEL, D, nullptr, 0, nullptr);",
             *softmax,
-            "    for (int64_t p = 0; p < vp; ++p)",
+            # late normalisation in float32: the tile multiplies each output row by its factor as it
+            # stores it (in bf16, before the rounding below)
+            "    for (int64_t p = 0; p < vp; ++p)"
+            + ("  // each output row times its factor, rs[r]" if late and not bf16 else ""),
             f"      sf_tile_for(mr, DV - p * SF_PANEL)(pr, SK, vv + p * SK * SF_PANEL, {c_out}, nullptr, false,",
             "                                         p * SF_PANEL, std::min<int64_t>(SF_PANEL, DV - p * SF_PANEL),",
-            "                                         kmax, nullptr, 0);",
+            f"                                         kmax, nullptr, 0, {'rs' if late and not bf16 else 'nullptr'});",
             *(
                 [
                     "    for (int64_t r = 0; r < mr; ++r)  // the block's output rows, rounded once",
@@ -376,11 +380,6 @@ def emit_attention(
                     f"        oh[(qb + r) * ldo + dd] = sf_to_bf16(of[r * DV + dd]{rs});",
                 ]
                 if bf16
-                else [
-                    "    for (int64_t r = 0; r < mr; ++r)  // the block's output rows, normalised",
-                    "      for (int64_t dd = 0; dd < DV; ++dd) oh[(qb + r) * ldo + dd] *= rs[r];",
-                ]
-                if late
                 else []
             ),
             "  }",

@@ -66,7 +66,9 @@ def chunk_choices(target: Target) -> tuple[int, ...]:
     256 streaming BERT-base's weights at 16-64 rows), or a quarter of L2, fewer passes over
     the tile's accumulators (each chunk adds to them in C): on AMD Zen 4, whose 32 KiB L1 gives
     80 steps, 1024 steps ran bert-small's layers at 64-128 rows 10-16% faster, and BERT-base's
-    streamed from memory 7-13% faster (docs/benchmarks.md)."""
+    streamed from memory 7-13% faster (docs/benchmarks.md), while the tile still put its
+    accumulators on the stack once a call; with them in registers, 7% faster at 128 rows of a
+    256->1024 layer and 2% slower at 16 rows of BERT-base's 768->3072."""
     panel_bytes = _tile_shape(target)[1] * target.vector_bytes
     l1 = max(8, target.l1d * 2 // 3 // panel_bytes // 8 * 8)
     l2 = target.l2 // 4 // panel_bytes // 8 * 8
@@ -154,11 +156,13 @@ _SOURCE = r"""
 // columns past them are not computed at all; the panel's rows keep their SF_PANEL stride).
 // Every loop over `acc` is unrolled, so each index is a constant and the accumulators stay in
 // registers: one loop left rolled puts all of them on the stack, a store and a load each per
-// call (in chunks of 80 steps of K, 4% of the tile's time)
+// call (in chunks of 80 steps of K, 4% of the tile's time). `scale`: each row of the product
+// times its value before it is stored (the merged attention's late normalisation), or nullptr
 template <int MR, bool PF, int NV = SF_NV>
 static inline void sf_tile(const float* __restrict__ A, int64_t lda, const float* __restrict__ w,
                            float* __restrict__ C, int64_t ldc, const float* __restrict__ bias, bool add, int64_t n0,
-                           int64_t nn, int64_t K, const float* __restrict__ pf, int64_t pf_lines) {
+                           int64_t nn, int64_t K, const float* __restrict__ pf, int64_t pf_lines,
+                           const float* __restrict__ scale) {
   sf_vec acc[MR][NV];
 #pragma GCC unroll 8
   for (int m = 0; m < MR; ++m)
@@ -185,18 +189,22 @@ static inline void sf_tile(const float* __restrict__ A, int64_t lda, const float
     if (left >= SF_LANES) {
       const sf_vec bv = bias && !add ? sf_load(bias + c) : sf_splat(0.0f);
 #pragma GCC unroll 8
-      for (int m = 0; m < MR; ++m)
-        sf_store(C + m * ldc + c, acc[m][j] + (add ? sf_load(C + m * ldc + c) : bv));
+      for (int m = 0; m < MR; ++m) {
+        const sf_vec v = scale ? acc[m][j] * sf_splat(scale[m]) : acc[m][j];
+        sf_store(C + m * ldc + c, v + (add ? sf_load(C + m * ldc + c) : bv));
+      }
     } else {  // the panel's last, partial vector
       const sf_vec bv = bias && !add ? sf_load_n(bias + c, left) : sf_splat(0.0f);
 #pragma GCC unroll 8
-      for (int m = 0; m < MR; ++m)
-        sf_store_n(C + m * ldc + c, acc[m][j] + (add ? sf_load_n(C + m * ldc + c, left) : bv), left);
+      for (int m = 0; m < MR; ++m) {
+        const sf_vec v = scale ? acc[m][j] * sf_splat(scale[m]) : acc[m][j];
+        sf_store_n(C + m * ldc + c, v + (add ? sf_load_n(C + m * ldc + c, left) : bv), left);
+      }
     }
   }
 }
 typedef void (*sf_tile_fn)(const float*, int64_t, const float*, float*, int64_t, const float*, bool, int64_t,
-                           int64_t, int64_t, const float*, int64_t);
+                           int64_t, int64_t, const float*, int64_t, const float*);
 static const sf_tile_fn sf_tiles[SF_MR] = {@TABLE@};  // sf_tiles[m - 1]: a tile of m rows
 static const sf_tile_fn sf_tiles_pf[SF_MR] = {@TABLE_PF@};  // the same, prefetching
 // sf_tiles_nv[v - 1][m - 1]: a tile of m rows by v vectors (the merged attention's GEMMs: a
@@ -280,7 +288,7 @@ static void sf_rows_gemm_team(const float* A, int64_t lda, const float* Wp, cons
         const int64_t mr = std::min<int64_t>(SF_MR, g.m1 - m0), first = (m0 - g.m0) / SF_MR * share;
         const int64_t pf = more ? std::max<int64_t>(0, std::min(share, lines - first)) : 0;
         tiles[mr - 1](A + m0 * lda + k0, lda, w, C + m0 * ldc, ldc, bias, k0 > 0, n0, nn, kk,
-                      w + kk * SF_PANEL + first * 16, pf);
+                      w + kk * SF_PANEL + first * 16, pf, nullptr);
         if (act && k0 + kk == K)  // the epilogue, on the tile while it is in cache
           for (int64_t m = m0; m < m0 + mr; ++m) sf_activate(C + m * ldc + n0, nn, act);
       }
