@@ -327,6 +327,9 @@ def emit_attention(
             "}",
         ]
     else:  # float32, or bf16 widened to float
+        # late normalisation in float32: the context GEMM's tile multiplies each output row by its
+        # factor as it stores it (in bf16 widened, the rounding below does)
+        scaled = late and not bf16
         body += [
             "std::unique_ptr<float[]> kt_buf(new float[kp * D * SF_PANEL]()), vv_buf(new float[vp * SK * SF_PANEL]);",
             "float* __restrict__ kt = kt_buf.get();",
@@ -366,13 +369,10 @@ def emit_attention(
             f"      sf_tile_for(mr, kmax - p * SF_PANEL)({a_in}, kt + p * D * SF_PANEL, sc, ldsc, nullptr, false,",
             "                                           p * SF_PANEL, SF_PANEL, D, nullptr, 0, nullptr);",
             *softmax,
-            # late normalisation in float32: the tile multiplies each output row by its factor as it
-            # stores it (in bf16, before the rounding below)
-            "    for (int64_t p = 0; p < vp; ++p)"
-            + ("  // each output row times its factor, rs[r]" if late and not bf16 else ""),
+            "    for (int64_t p = 0; p < vp; ++p)" + ("  // each output row times its factor, rs[r]" if scaled else ""),
             f"      sf_tile_for(mr, DV - p * SF_PANEL)(pr, SK, vv + p * SK * SF_PANEL, {c_out}, nullptr, false,",
             "                                         p * SF_PANEL, std::min<int64_t>(SF_PANEL, DV - p * SF_PANEL),",
-            f"                                         kmax, nullptr, 0, {'rs' if late and not bf16 else 'nullptr'});",
+            f"                                         kmax, nullptr, 0, {'rs' if scaled else 'nullptr'});",
             *(
                 [
                     "    for (int64_t r = 0; r < mr; ++r)  // the block's output rows, rounded once",

@@ -182,6 +182,12 @@ static inline void sf_tile(const float* __restrict__ A, int64_t lda, const float
       for (int j = 0; j < NV; ++j) acc[m][j] = sf_fma(a, wv[j], acc[m][j]);
     }
   }
+  if (scale) {  // each row times its value, before the bias or C is added
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) acc[m][j] = acc[m][j] * sf_splat(scale[m]);
+  }
 #pragma GCC unroll 4
   for (int j = 0; j < NV; ++j) {
     const int64_t c = n0 + SF_LANES * j, left = nn - SF_LANES * j;
@@ -189,17 +195,13 @@ static inline void sf_tile(const float* __restrict__ A, int64_t lda, const float
     if (left >= SF_LANES) {
       const sf_vec bv = bias && !add ? sf_load(bias + c) : sf_splat(0.0f);
 #pragma GCC unroll 8
-      for (int m = 0; m < MR; ++m) {
-        const sf_vec v = scale ? acc[m][j] * sf_splat(scale[m]) : acc[m][j];
-        sf_store(C + m * ldc + c, v + (add ? sf_load(C + m * ldc + c) : bv));
-      }
+      for (int m = 0; m < MR; ++m)
+        sf_store(C + m * ldc + c, acc[m][j] + (add ? sf_load(C + m * ldc + c) : bv));
     } else {  // the panel's last, partial vector
       const sf_vec bv = bias && !add ? sf_load_n(bias + c, left) : sf_splat(0.0f);
 #pragma GCC unroll 8
-      for (int m = 0; m < MR; ++m) {
-        const sf_vec v = scale ? acc[m][j] * sf_splat(scale[m]) : acc[m][j];
-        sf_store_n(C + m * ldc + c, v + (add ? sf_load_n(C + m * ldc + c, left) : bv), left);
-      }
+      for (int m = 0; m < MR; ++m)
+        sf_store_n(C + m * ldc + c, acc[m][j] + (add ? sf_load_n(C + m * ldc + c, left) : bv), left);
     }
   }
 }
