@@ -172,7 +172,10 @@ static inline void sf_tile(const float* __restrict__ A, int64_t lda, const float
   for (int64_t k = 0; k < K; ++k) {
     sf_vec wv[NV];
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) wv[j] = sf_load(w + k * SF_PANEL + j * SF_LANES);
+    for (int j = 0; j < NV; ++j) {
+      wv[j] = sf_load(w + k * SF_PANEL + j * SF_LANES);
+      SF_IN_REGISTER(wv[j]);  // loaded once a step, not once per row
+    }
     for (pf_due += pf_lines; PF && pf_due >= K; pf_due -= K)  // pf_lines spread evenly over the K steps
       __builtin_prefetch(pf + 16 * pf_next++, 0, 2);
 #pragma GCC unroll 8
@@ -363,7 +366,10 @@ static inline __attribute__((always_inline)) void sf_dp(const sf_bf16* __restric
   auto step = [&](int64_t k2, bool whole) __attribute__((always_inline)) {
     __m512bh wv[NV];
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(w + (k2 * SF_PANEL + j * SF_LANES) * 2);
+    for (int j = 0; j < NV; ++j) {
+      wv[j] = (__m512bh)_mm512_loadu_si512(w + (k2 * SF_PANEL + j * SF_LANES) * 2);
+      SF_IN_REGISTER(wv[j]);
+    }
     for (pf_due += pf_lines; pf_due >= pairs; pf_due -= pairs)
       __builtin_prefetch(pf + 32 * pf_next++, 0, 2);
 #pragma GCC unroll 8
