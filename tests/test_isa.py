@@ -7,6 +7,8 @@ odd shapes: 1, primes, tails that are not multiples of the vector width or the p
 """
 
 import os
+import re
+import subprocess
 
 import pytest
 import torch
@@ -16,8 +18,9 @@ from symfuse.api import CompiledModule
 from symfuse.codegen.compile import compile_program, generate
 from symfuse.codegen.cpu import target as tg
 from symfuse.codegen.cpu.build import build
+from symfuse.codegen.cpu.c import preamble
 from symfuse.codegen.cpu.calibrate import ROWS, canonical_attention, row_kernel
-from symfuse.codegen.cpu.gemm import ACTIVATIONS, chunk_choices, pack_panels, tile_for
+from symfuse.codegen.cpu.gemm import ACTIVATIONS, chunk_choices, gemm_source, pack_panels, tile_for
 from symfuse.options import SWITCH_KINDS, Options
 from symfuse.reference import ReferenceExecutor
 from symfuse.schedule.attention import AttentionStep
@@ -50,6 +53,32 @@ def test_every_isa_builds(isa, cache):
     assert sum(isinstance(s, AttentionStep) for s in gen.schedule.steps) == 2
     path, _, _ = build(gen.source, target, Options(cache_dir=cache))
     assert path.endswith(".so")
+
+
+@pytest.mark.parametrize("isa", [i for i in ("avx2", "avx512") if i in BUILT])
+def test_the_tile_loads_each_weight_vector_once_a_step(isa, tmp_path):
+    """In the tiles of few rows too, each weight vector is loaded into a register once a step of
+    K and multiplied from there: no FMA of the tile takes a (non-broadcast) memory operand. GCC
+    folded the load into every row's FMA in tiles of 1-3 rows (10 loads a step for 8 FMAs at 2
+    rows), until the tile held each one in a register (SF_IN_REGISTER)."""
+    target = tg.target_for(isa)
+    tile = tile_for(target)
+    src = tmp_path / "tile.cpp"
+    src.write_text(preamble(target) + gemm_source(tile))
+    asm = tmp_path / "tile.s"
+    r = subprocess.run([target.cxx, *target.all_flags, "-S", str(src), "-o", str(asm)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = asm.read_text()
+    folded = re.compile(r"^\s*vfmadd\w+ps\s+[-\w]*\(%\w+[^)]*\),(?!.*\{1to)")
+    for rows in range(1, tile.rows + 1):
+        # sf_tile<rows, false, vectors>, the row kernel's tile without prefetching
+        name = re.compile(rf"^_ZL?7sf_tileILi{rows}ELb0ELi{tile.vectors}EE\w*:$", re.M)
+        found = name.search(text)
+        assert found, (isa, rows)
+        body = text[found.end() : text.index(".cfi_endproc", found.end())]
+        fmas = [ln for ln in body.splitlines() if re.match(r"^\s*vfmadd\w+ps", ln)]
+        assert len(fmas) >= rows * tile.vectors, (isa, rows)
+        assert not [ln for ln in fmas if folded.match(ln)], (isa, rows)
 
 
 ACTS = {
