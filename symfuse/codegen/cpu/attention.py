@@ -15,9 +15,9 @@ Where the probabilities are a row of exponentials times one value per row (`late
 `exp / sum`, under a safe softmax's `where`), the row code stops at the exponentials and each
 output row is multiplied by that value after the context GEMM (flash attention's late
 normalisation: one pass over the row's keys less), in float32 by the GEMM's tile as it stores
-the row (`sf_tile`'s `scale`), in bf16 before the rounding. A last panel of fewer keys or value columns
-than `SF_PANEL` (16 keys; a head of 32 on AVX-512) is multiplied by a tile of fewer vectors
-(`sf_tile_for`, in bf16 pairs `sf_tile_dp_for`), not a full one over zeros.
+the row (`sf_tile`'s `scale`), in bf16 before the rounding. A last panel of fewer keys or value
+columns than `SF_PANEL` (16 keys; a head of 32 on AVX-512) is multiplied by a tile of fewer
+vectors (`sf_tile_for`, in bf16 pairs `sf_tile_dp_for`), not a full one over zeros.
 
 In bfloat16 there are two forms, chosen with the machine's `bf16_multiply` (calibrate.py):
 where the CPU's `vdpbf16ps` is as fast as its FMA or faster (`dp`), k and v are packed as
