@@ -239,10 +239,16 @@ static inline void sf_activate(float* __restrict__ row, int64_t n, int64_t act) 
 // the panels [p0, p1) and rows [m0, m1) one thread of a team takes: the panels split between
 // the threads, or with rows_first a grid of row groups (as many as threads, or blocks of rows)
 // times panel groups; threads past the grid take nothing. The row groups split the rows evenly
-// in units of `unit` rows (a thread's last tile may be partial): split by whole tiles, 16 rows
-// in tiles of 6 would give one thread 6 rows and the other 10
+// in units of `unit` rows: split by whole tiles, 16 rows in tiles of 6 would give one thread 6
+// rows and the other 10. A thread's rows run as tiles() tiles of at most SF_MR rows, as even as
+// they go (8 rows as 4 + 4, 16 as 6 + 5 + 5, not 6 + 2 and 6 + 6 + 4): each tile prefetches the
+// same share of the next chunk, which a 2-row tile issued three times as fast as a 6-row one,
+// and a 2-row tile runs a few percent below the FMA rate (bert-small at 16 rows 14% faster, half
+// of it from the shares alone; docs/benchmarks.md)
 struct sf_grid {
   int64_t p0, p1, m0, m1;
+  int64_t tiles() const { return (m1 - m0 + SF_MR - 1) / SF_MR; }
+  int64_t tile_row(int64_t b) const { return m0 + (m1 - m0) * b / tiles(); }  // tile b's first row
   static void shape(int64_t threads, int64_t panels, int64_t blocks, bool rows_first, int64_t& tr, int64_t& tp) {
     tr = rows_first ? std::min(threads, blocks) : 1;
     tp = std::min(panels, std::max<int64_t>(1, threads / tr));
@@ -281,7 +287,7 @@ static void sf_rows_gemm_team(const float* A, int64_t lda, const float* Wp, cons
   const int64_t kc = g.m1 - g.m0 <= 2 * SF_KC ? std::min<int64_t>(K, SF_KC) : K;
   const int64_t lines = kc * SF_PANEL / 16;  // 64-byte lines in one chunk
   // lines of the next chunk a tile of rows prefetches
-  const int64_t mine = std::max<int64_t>(1, (g.m1 - g.m0 + SF_MR - 1) / SF_MR), share = (lines + mine - 1) / mine;
+  const int64_t mine = std::max<int64_t>(1, g.tiles()), share = (lines + mine - 1) / mine;
   for (int64_t p = g.p0; p < g.p1; ++p) {
     const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
     for (int64_t k0 = 0; k0 < K; k0 += kc) {
@@ -289,8 +295,8 @@ static void sf_rows_gemm_team(const float* A, int64_t lda, const float* Wp, cons
       const float* w = Wp + (p * K + k0) * SF_PANEL;
       const bool more = mine > 1 && mine <= SF_PF_BLOCKS && (k0 + kk < K || p + 1 < g.p1);
       const sf_tile_fn* tiles = more ? sf_tiles_pf : sf_tiles;
-      for (int64_t m0 = g.m0; m0 < g.m1; m0 += SF_MR) {
-        const int64_t mr = std::min<int64_t>(SF_MR, g.m1 - m0), first = (m0 - g.m0) / SF_MR * share;
+      for (int64_t b = 0; b < g.tiles(); ++b) {
+        const int64_t m0 = g.tile_row(b), mr = g.tile_row(b + 1) - m0, first = b * share;
         const int64_t pf = more ? std::max<int64_t>(0, std::min(share, lines - first)) : 0;
         tiles[mr - 1](A + m0 * lda + k0, lda, w, C + m0 * ldc, ldc, bias, k0 > 0, n0, nn, kk,
                       w + kk * SF_PANEL + first * 16, pf, nullptr);
@@ -541,7 +547,7 @@ static void sf_rows_gemm_bf16_team(const sf_bf16* A, int64_t lda, const sf_bf16*
   const int64_t step = SF_PAIRS(K) * 2 * SF_PANEL;  // bf16 elements in one panel
   const int64_t lines = (K + 1) / 2 * 2 * SF_PANEL / 32;  // 64-byte lines the kernel reads of a panel
   const sf_grid g = sf_grid::mine(panels, (M + SF_MR - 1) / SF_MR, M, 1, rows_first);
-  const int64_t mine = std::max<int64_t>(1, (g.m1 - g.m0 + SF_MR - 1) / SF_MR), share = (lines + mine - 1) / mine;
+  const int64_t mine = std::max<int64_t>(1, g.tiles()), share = (lines + mine - 1) / mine;
 #if SF_BF16_MULTIPLY == 1
   // the thread's rows of A widened to float32 by the thread (cheap next to the products;
   // shared, its rows would cross between cores), K padded to even with a zero
@@ -561,11 +567,11 @@ static void sf_rows_gemm_bf16_team(const sf_bf16* A, int64_t lda, const sf_bf16*
   for (int64_t p = g.p0; p < g.p1; ++p) {
     const int64_t n0 = p * SF_PANEL, nn = std::min<int64_t>(SF_PANEL, N - n0);
     const sf_bf16* w = Wp + p * step;
-    for (int64_t m0 = g.m0; m0 < g.m1; m0 += SF_MR) {
-      const int64_t first = (m0 - g.m0) / SF_MR * share;
+    for (int64_t b = 0; b < g.tiles(); ++b) {
+      const int64_t m0 = g.tile_row(b), first = b * share;
       const int64_t pf = mine > 1 && p + 1 < g.p1 ? std::max<int64_t>(0, std::min(share, lines - first)) : 0;
-      sf_tiles_bf16[std::min<int64_t>(SF_MR, g.m1 - m0) - 1](a_in + m0 * lda_a, lda_a, w, C + m0 * ldc, ldc, bias,
-                                                             n0, nn, K, act, w + step + first * 32, pf);
+      sf_tiles_bf16[g.tile_row(b + 1) - m0 - 1](a_in + m0 * lda_a, lda_a, w, C + m0 * ldc, ldc, bias, n0, nn, K, act,
+                                                w + step + first * 32, pf);
     }
   }
 }
