@@ -243,8 +243,8 @@ static inline void sf_activate(float* __restrict__ row, int64_t n, int64_t act) 
 // rows and the other 10. A thread's rows run as tiles() tiles of at most SF_MR rows, as even as
 // they go (8 rows as 4 + 4, 16 as 6 + 5 + 5, not 6 + 2 and 6 + 6 + 4): each tile prefetches the
 // same share of the next chunk, which a 2-row tile issued three times as fast as a 6-row one,
-// and a 2-row tile runs a few percent below the FMA rate (bert-small at 16 rows 14% faster, half
-// of it from the shares alone; docs/benchmarks.md)
+// and a 2-row tile runs a few percent below the FMA rate (bert-small at 16 rows 2-19% faster,
+// the most while other work loads memory; about half of it from the shares; docs/benchmarks.md)
 struct sf_grid {
   int64_t p0, p1, m0, m1;
   int64_t tiles() const { return (m1 - m0 + SF_MR - 1) / SF_MR; }
