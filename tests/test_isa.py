@@ -179,8 +179,10 @@ def merged_attention_cases(isa, options, shapes, all_padding=True, force_precisi
 @pytest.mark.parametrize("isa", RUNNABLE)
 def test_merged_attention_at_odd_shapes(isa, cache):
     # past one panel of keys: 65 (the last panel holds one key), 150 (three panels, the last
-    # multiplied over fewer vectors than the others)
-    shapes = ATTENTION_SHAPES + [(1, 12, 65, 20), (1, 2, 150, 24)]
+    # multiplied over fewer vectors than the others); heads of 48 and 80, whole vectors on every
+    # ISA, whose v the context GEMM reads in place: one panel narrower than the tile (AVX-512),
+    # two panels the second of which is narrower
+    shapes = ATTENTION_SHAPES + [(1, 12, 65, 20), (1, 2, 150, 24), (2, 3, 29, 48), (1, 2, 70, 80)]
     cases = merged_attention_cases(isa, lambda limit: forced(cache, limit), shapes)
     for case, want, got in cases:
         for w, o in zip(want, got):

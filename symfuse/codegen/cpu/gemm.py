@@ -128,7 +128,7 @@ def gemm_source(tile: Tile, bf16: bool = False, multiply: int = 0) -> str:
     out = out.replace("@MR@", str(tile.rows)).replace("@NV@", str(tile.vectors))
     for key, pf in (("@TABLE@", "false"), ("@TABLE_PF@", "true")):
         out = out.replace(key, ", ".join(f"sf_tile<{m}, {pf}>" for m in range(1, tile.rows + 1)))
-    out = out.replace("@TABLE_NV@", _by_vectors(tile, "sf_tile<{m}, false, {v}>"))
+    out = out.replace("@TABLE_NV@", _by_vectors(tile, "sf_tile<{m}, false, {v}, true>"))
     return out.replace("@KC@", str(tile.chunk))
 
 
@@ -141,7 +141,8 @@ def _by_vectors(tile: Tile, name: str) -> str:
 _SOURCE = r"""
 #include <omp.h>
 // ---- the GEMM micro-kernel: C[MR, nn] = A[MR, K] W (+ bias), or with `add` C += A[MR, K] W;
-// W one panel [K][SF_PANEL]; with PF, pf_lines lines from `pf` on are prefetched meanwhile,
+// W one panel, its rows SF_PANEL floats apart or, with STRIDED, ldw apart (the merged attention's
+// values read in place: a row of v); with PF, pf_lines lines from `pf` on are prefetched meanwhile,
 // spread over the K steps (without PF, as the merged attention's tiles run, none of its cost)
 #define SF_MR @MR@
 #define SF_NV @NV@
@@ -158,8 +159,8 @@ _SOURCE = r"""
 // registers: one loop left rolled puts all of them on the stack, a store and a load each per
 // call (in chunks of 80 steps of K, 4% of the tile's time). `scale`: each row of the product
 // times its value before it is stored (the merged attention's late normalisation), or nullptr
-template <int MR, bool PF, int NV = SF_NV>
-static inline void sf_tile(const float* __restrict__ A, int64_t lda, const float* __restrict__ w,
+template <int MR, bool PF, int NV = SF_NV, bool STRIDED = false>
+static inline void sf_tile(const float* __restrict__ A, int64_t lda, const float* __restrict__ w, int64_t ldw,
                            float* __restrict__ C, int64_t ldc, const float* __restrict__ bias, bool add, int64_t n0,
                            int64_t nn, int64_t K, const float* __restrict__ pf, int64_t pf_lines,
                            const float* __restrict__ scale) {
@@ -169,11 +170,12 @@ static inline void sf_tile(const float* __restrict__ A, int64_t lda, const float
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) acc[m][j] = sf_splat(0.0f);
   int64_t pf_due = 0, pf_next = 0;  // a share of the next panel, fetched while this one computes
+  const int64_t step = STRIDED ? ldw : SF_PANEL;  // a constant for the row GEMM's packed panels
   for (int64_t k = 0; k < K; ++k) {
     sf_vec wv[NV];
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) {
-      wv[j] = sf_load(w + k * SF_PANEL + j * SF_LANES);
+      wv[j] = sf_load(w + k * step + j * SF_LANES);
       SF_IN_REGISTER(wv[j]);  // loaded once a step, not once per row
     }
     for (pf_due += pf_lines; PF && pf_due >= K; pf_due -= K)  // pf_lines spread evenly over the K steps
@@ -208,12 +210,13 @@ static inline void sf_tile(const float* __restrict__ A, int64_t lda, const float
     }
   }
 }
-typedef void (*sf_tile_fn)(const float*, int64_t, const float*, float*, int64_t, const float*, bool, int64_t,
+typedef void (*sf_tile_fn)(const float*, int64_t, const float*, int64_t, float*, int64_t, const float*, bool, int64_t,
                            int64_t, int64_t, const float*, int64_t, const float*);
 static const sf_tile_fn sf_tiles[SF_MR] = {@TABLE@};  // sf_tiles[m - 1]: a tile of m rows
 static const sf_tile_fn sf_tiles_pf[SF_MR] = {@TABLE_PF@};  // the same, prefetching
-// sf_tiles_nv[v - 1][m - 1]: a tile of m rows by v vectors (the merged attention's GEMMs: a
-// panel of fewer keys or value columns than SF_PANEL, at 16 keys or a head of 32 on AVX-512)
+// sf_tiles_nv[v - 1][m - 1]: a tile of m rows by v vectors, its panel's rows ldw apart (the merged
+// attention's GEMMs: a panel of fewer keys or value columns than SF_PANEL, at 16 keys or a head of
+// 32 on AVX-512; v read in place)
 static const sf_tile_fn sf_tiles_nv[SF_NV][SF_MR] = {@TABLE_NV@};
 static inline int64_t sf_vectors(int64_t columns) {  // of a panel, to cover `columns` of it
   return std::min<int64_t>(SF_NV, (columns + SF_LANES - 1) / SF_LANES);
@@ -298,7 +301,7 @@ static void sf_rows_gemm_team(const float* A, int64_t lda, const float* Wp, cons
       for (int64_t b = 0; b < g.tiles(); ++b) {
         const int64_t m0 = g.tile_row(b), mr = g.tile_row(b + 1) - m0, first = b * share;
         const int64_t pf = more ? std::max<int64_t>(0, std::min(share, lines - first)) : 0;
-        tiles[mr - 1](A + m0 * lda + k0, lda, w, C + m0 * ldc, ldc, bias, k0 > 0, n0, nn, kk,
+        tiles[mr - 1](A + m0 * lda + k0, lda, w, SF_PANEL, C + m0 * ldc, ldc, bias, k0 > 0, n0, nn, kk,
                       w + kk * SF_PANEL + first * 16, pf, nullptr);
         if (act && k0 + kk == K)  // the epilogue, on the tile while it is in cache
           for (int64_t m = m0; m < m0 + mr; ++m) sf_activate(C + m * ldc + n0, nn, act);
