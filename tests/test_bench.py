@@ -153,6 +153,7 @@ def test_the_floor_is_the_flops_at_the_fma_peak_or_the_weights_at_the_read_bandw
     # 64 tokens: 4 GFLOP, 8 ms at the FMA peak; the peer takes 16 ms; symfuse 8 ms at 500 GFLOP/s
     assert by["B=1, S=64"]["floor ms"] == "8.00" and by["B=1, S=64"]["floor / best peer"] == "0.50x"
     assert by["B=1, S=64"]["its rate"] == "500 GFLOP/s (100% of FMA peak)"
+    assert by["B=1, S=64"]["best peer's rate"] == "250 GFLOP/s (50% of FMA peak)"
     result["physics"]["l3_bytes"] = 128 * 2**20  # weights in cache: the FLOPs alone
     assert dict(zip(header, report.floor_table(result)[1][0]))["floor ms"] == "2.00"
     assert "FMA peak 500 GFLOP/s" in report.terminal(result) and "| B=1, S=64 | 4.00 | 64.0 | 8.00 |" in (

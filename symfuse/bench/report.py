@@ -64,12 +64,14 @@ def floor_table(result: dict) -> tuple[list[str], list[list[str]]] | None:
     could take for it on this machine, the floor: the FLOPs at the FMA peak or, where the
     weights do not fit in the L3 cache, reading them once at the read bandwidth, whichever is
     longer. The floor over the best peer's median is the smallest ratio to the best peer the
-    machine allows. None without the FMA peak or the counts."""
+    machine allows; the best peer's rate beside symfuse's says how much room it leaves (a
+    ratio r to it needs symfuse at its rate over r). None without the FMA peak or the counts."""
     phys, work = result.get("physics") or {}, result.get("work") or {}
     if not phys.get("fma_gflops") or not work:
         return None
     ours = next(iter(work))
     header = ["shape", "GFLOP", "weights MB", "floor ms", "best peer ms", "floor / best peer", f"{ours} ms", "its rate"]
+    header.append("best peer's rate")
     rows = []
     for r in result["rows"]:
         label = key(r["binding"])
@@ -81,7 +83,7 @@ def floor_table(result: dict) -> tuple[list[str], list[list[str]]] | None:
         if weights > phys.get("l3_bytes", 0) and phys.get("read_gbps"):
             floor = max(floor, weights / phys["read_gbps"] / 1e6)
         best, ms = r.get("best_peer_ms"), r["median_ms"]
-        rate = flops / ms / 1e6 if ms else None
+        rate, peer = (flops / t / 1e6 if t else None for t in (ms, best))
         rows.append(
             [
                 label,
@@ -91,7 +93,7 @@ def floor_table(result: dict) -> tuple[list[str], list[list[str]]] | None:
                 _fmt(best),
                 f"{floor / best:.2f}x" if best else "-",
                 _fmt(ms),
-                f"{rate:.0f} GFLOP/s ({rate / phys['fma_gflops']:.0%} of FMA peak)" if rate else "-",
+                *(f"{x:.0f} GFLOP/s ({x / phys['fma_gflops']:.0%} of FMA peak)" if x else "-" for x in (rate, peer)),
             ]
         )
     return header, rows
