@@ -6,6 +6,7 @@ every activation, the merged attention) and a whole bert-small against the refer
 odd shapes: 1, primes, tails that are not multiples of the vector width or the panel.
 """
 
+import itertools
 import os
 import re
 import subprocess
@@ -64,22 +65,24 @@ def test_the_tile_loads_each_weight_vector_once_a_step(isa, tmp_path):
     target = tg.target_for(isa)
     tile = tile_for(target)
     src = tmp_path / "tile.cpp"
-    src.write_text(preamble(target) + gemm_source(tile))
+    # the merged attention's table taken out of the library, so its tiles are emitted too
+    src.write_text(preamble(target) + gemm_source(tile) + 'extern "C" const void* sf_nv() { return sf_tiles_nv; }')
     asm = tmp_path / "tile.s"
     r = subprocess.run([target.cxx, *target.all_flags, "-S", str(src), "-o", str(asm)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     text = asm.read_text()
     # a memory operand read whole: `-256(%rax),`; a broadcast one, `(%rdx){1to16},`, does not match
     folded = re.compile(r"^\s*vfmadd\w+ps\s+[-\w]*\(%\w+[^)]*\),")
-    for rows in range(1, tile.rows + 1):
-        # sf_tile<rows, false, vectors>, the row kernel's tile without prefetching
-        name = re.compile(rf"^_ZL?7sf_tileILi{rows}ELb0ELi{tile.vectors}EE\w*:$", re.M)
+    for rows, strided in itertools.product(range(1, tile.rows + 1), (0, 1)):
+        # sf_tile<rows, false, vectors, strided>: the row kernel's tile without prefetching, and
+        # the merged attention's, whose panel rows are ldw apart
+        name = re.compile(rf"^_ZL?7sf_tileILi{rows}ELb0ELi{tile.vectors}ELb{strided}EE\w*:$", re.M)
         found = name.search(text)
-        assert found, (isa, rows)
+        assert found, (isa, rows, strided)
         body = text[found.end() : text.index(".cfi_endproc", found.end())]
         fmas = [ln for ln in body.splitlines() if re.match(r"^\s*vfmadd\w+ps", ln)]
-        assert len(fmas) >= rows * tile.vectors, (isa, rows)
-        assert not [ln for ln in fmas if folded.match(ln)], (isa, rows)
+        assert len(fmas) >= rows * tile.vectors, (isa, rows, strided)
+        assert not [ln for ln in fmas if folded.match(ln)], (isa, rows, strided)
 
 
 ACTS = {
