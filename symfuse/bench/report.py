@@ -70,8 +70,8 @@ def floor_table(result: dict) -> tuple[list[str], list[list[str]]] | None:
     if not phys.get("fma_gflops") or not work:
         return None
     ours = next(iter(work))
-    header = ["shape", "GFLOP", "weights MB", "floor ms", "best peer ms", "floor / best peer", f"{ours} ms", "its rate"]
-    header.append("best peer's rate")
+    header = ["shape", "GFLOP", "weights MB", "floor ms", "best peer ms", "floor / best peer", f"{ours} ms"]
+    header += ["its rate", "best peer's rate"]
     rows = []
     for r in result["rows"]:
         label = key(r["binding"])
