@@ -1,19 +1,37 @@
-"""symfuse: compile a model once with symbolic shapes, run every shape."""
+"""symfuse: compile a model once with symbolic shapes, run every shape.
 
-from symfuse.api import CompiledModule, compile, compile_count
-from symfuse.artifact import ArtifactError, load
-from symfuse.errors import CaptureError, UnsupportedOpsError
-from symfuse.shape.store import ShapeError, Tri
+The names below are imported when first used, so that `symfuse.load` of a saved artifact (and
+`import symfuse.runtime`) does not import the compiler.
+"""
 
-__all__ = [
-    "ArtifactError",
-    "CaptureError",
-    "CompiledModule",
-    "ShapeError",
-    "Tri",
-    "UnsupportedOpsError",
-    "compile",
-    "compile_count",
-    "load",
-]
-__version__ = "0.1.0"
+from __future__ import annotations
+
+import importlib
+
+from symfuse.version import __version__
+
+_LAZY = {
+    "compile": "symfuse.api",
+    "compile_count": "symfuse.api",
+    "load": "symfuse.artifact",
+    "CompiledModule": "symfuse.runtime.module",
+    "ArtifactError": "symfuse.runtime.artifact",
+    "CaptureError": "symfuse.errors",
+    "UnsupportedOpsError": "symfuse.errors",
+    "ShapeError": "symfuse.shape.store",
+    "Tri": "symfuse.ir.tri",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'symfuse' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

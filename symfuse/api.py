@@ -1,4 +1,4 @@
-"""The public entry point: `symfuse.compile` and the module it returns."""
+"""The public entry point: `symfuse.compile`, the driver from a model to its `CompiledModule`."""
 
 from __future__ import annotations
 
@@ -8,16 +8,17 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from symfuse.explain import explain as _explain
+from symfuse.codegen.cpu.compile import compile_program
+from symfuse.codegen.gpu.compile import compile_gpu
 from symfuse.frontend import Captured, capture
 from symfuse.frontend.onnx import capture_onnx, is_onnx
 from symfuse.ir.verify import verify
 from symfuse.options import Options
 from symfuse.passes import PIPELINE
 from symfuse.reference import ReferenceExecutor
-from symfuse.runtime.guard import GuardSpec, make_guard
-from symfuse.runtime.outputs import OutputBuilder
+from symfuse.runtime.module import CompiledModule, Signature
 from symfuse.shape.guards import guard_spec
+from symfuse.source import Compiled
 
 log = logging.getLogger("symfuse")
 _compile_count = 0
@@ -32,132 +33,33 @@ def compile_count() -> int:
     return _compile_count
 
 
-class CompiledModule:
-    """A model compiled once for every binding of its symbolic dims."""
+def compile_captured(captured: Captured, options: Options, native: Any = None) -> CompiledModule:
+    """The module of a captured graph, built by the backend `options` names (`native`: one built
+    already, as a loaded artifact rebuilt for this CPU has)."""
+    device = torch.device(options.device).type
+    guard = guard_spec(captured.declared, captured.store, device, tuple(captured.traced_under))
+    backend = {"reference": REFERENCE_BACKEND, "cpu": CPU_BACKEND, "triton": GPU_BACKEND}.get(options.backend)
+    if backend is None:
+        raise ValueError(f"unknown backend {options.backend!r}; symfuse has 'cpu', 'triton' and 'reference'")
+    source = Compiled(captured)
+    if native is None and options.backend == "cpu":
+        native = compile_program(captured.graph, captured.store, options)
+    elif native is None and options.backend == "triton":
+        native = compile_gpu(captured.graph, captured.store, options)
+    if native is not None:
+        run = native.program
+    else:
+        reference = ReferenceExecutor(captured.graph)
+        run = lambda tensors, binding: reference.run(binding, tensors)  # noqa: E731
+    return CompiledModule(
+        signature_of(captured), guard, list(captured.store.symbols), run, source, options, backend, native
+    )
 
-    def __init__(self, captured: Captured, options: Options, native=None, guard: GuardSpec | None = None) -> None:
-        self.captured = captured
-        self.graph = captured.graph
-        self.store = captured.store
-        self.options = options
-        self.guard_spec = guard or guard_spec(
-            captured.declared, captured.store, torch.device(options.device).type, tuple(captured.traced_under)
-        )
-        self.guard = make_guard(self.guard_spec)
-        self._reference = ReferenceExecutor(captured.graph)
-        self._tensor_names = [v.name for v in captured.declared]
-        self._outputs = OutputBuilder(captured.out_spec)  # the model's output structure
-        self.native = native
-        if native is not None:  # loaded from an artifact
-            self.backend = CPU_BACKEND
-            self._run = native.program
-        elif options.backend == "reference":
-            self.backend = REFERENCE_BACKEND
-            self._run = self._reference.run
-        elif options.backend == "cpu":
-            from symfuse.codegen.compile import compile_program
 
-            self.native = compile_program(captured.graph, captured.store, options)
-            self.backend = CPU_BACKEND
-            self._run = self.native.program
-        elif options.backend == "triton":
-            from symfuse.codegen.gpu.compile import compile_gpu
-
-            self.native = compile_gpu(captured.graph, captured.store, options)
-            self.backend = GPU_BACKEND
-            self._run = self.native.program
-        else:
-            raise ValueError(f"unknown backend {options.backend!r}; symfuse has 'cpu', 'triton' and 'reference'")
-
-    @property
-    def symbols(self) -> list[str]:
-        return list(self.store.symbols)
-
-    def _inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
-        names = self.captured.input_names
-        if len(args) > len(names):
-            raise ValueError(f"expected at most {len(names)} inputs ({', '.join(names)}), got {len(args)} positional")
-        given = dict(zip(names, args))
-        for k, v in kwargs.items():
-            if k not in names:
-                raise ValueError(f"unexpected input '{k}'; the compiled model takes {', '.join(names)}")
-            if k in given:
-                raise ValueError(f"input '{k}' given twice")
-            given[k] = v
-        for k, v in self.captured.fixed.items():
-            if k in given and given[k] != v:
-                raise ValueError(f"input '{k}' was {v!r} when the model was compiled and is fixed; got {given[k]!r}")
-        missing = [k for k in self._tensor_names if k not in given]
-        if missing:
-            raise ValueError(f"missing input(s) {', '.join(missing)}")
-        return [given[k] for k in self._tensor_names]
-
-    def bind(self, *args, **kwargs) -> dict[str, int]:
-        """Check inputs and return the value of every symbol, without running."""
-        return self.guard(self._inputs(args, kwargs))
-
-    def __call__(self, *args, **kwargs):
-        tensors = self._inputs(args, kwargs)
-        binding = self.guard(tensors)
-        with torch.no_grad():
-            outs = self._run(tensors, binding) if self.native else self._run(binding, tensors)
-        return self._outputs(outs)
-
-    def profile(self, on_node, *args, **kwargs):
-        """Run once on the reference executor, calling `on_node(node, inputs, outputs, seconds)`
-        after every op."""
-        tensors = self._inputs(args, kwargs)
-        binding = self.guard(tensors)
-        with torch.no_grad():
-            outs = self._reference.run(binding, tensors, on_node=on_node)
-        return self._outputs(outs)
-
-    def explain(self, *, with_graph: bool = True, with_te: bool = False) -> str:
-        return _explain(
-            self.graph,
-            self.store,
-            backend=self.backend,
-            notes=self.captured.notes,
-            traced=self.guard_spec.traced,
-            with_graph=with_graph,
-            with_te=with_te,
-            native=self.native,
-        )
-
-    def memory(self) -> dict[str, int | None]:
-        """The native program's workspace (intermediates packed by lifetime, one per calling
-        thread): `high_water` (largest a call needed), `held` (bytes kept now), `cap`."""
-        p = self.native.program if self.native else None
-        if p is None:
-            return {"high_water": 0, "held": 0, "cap": None}
-        return {"high_water": p.workspace_high_water, "held": p.workspace_bytes, "cap": p.workspace_cap}
-
-    def release_workspace(self) -> int:
-        """Free the workspaces kept between calls (after a burst of large inputs); returns bytes."""
-        return self.native.program.release_workspace() if self.native else 0
-
-    def cap_workspace(self, nbytes: int | None) -> None:
-        """Keep at most `nbytes` of workspace per thread between calls (None: no cap); a call
-        needing more allocates for itself and frees it when it ends."""
-        if self.native:
-            self.native.program.workspace_cap = nbytes
-            if nbytes is not None:
-                self.release_workspace()
-
-    def save(self, path: str) -> str:
-        """Write this module to the folder `path`; `symfuse.load(path)` runs it in any process,
-        without the model's code (`symfuse.artifact`)."""
-        from symfuse.artifact import save
-
-        if self.options.backend == "triton":
-            raise NotImplementedError(
-                "saving a GPU (triton) program is not supported yet: compile the model on the GPU machine, "
-                "or save a CPU compilation (device='cpu')"
-            )
-        return save(self, path)
-
-    def __repr__(self) -> str:
-        return f"<symfuse.CompiledModule {self.graph.name} symbols={self.symbols} backend='{self.backend}'>"
+def signature_of(captured: Captured) -> Signature:
+    names = tuple(captured.input_names)
+    tensors = tuple(v.name for v in captured.declared)
+    return Signature(captured.graph.name, names, tensors, dict(captured.fixed), captured.out_spec)
 
 
 def _device_of(model: Any, example_inputs: Any) -> str:
@@ -234,4 +136,4 @@ def compile(  # noqa: A001
         verify(captured.graph)
     _compile_count += 1
     log.info("symfuse: captured %s in %.2fs (%d ops)", captured.graph.name, captured.seconds, len(captured.graph.nodes))
-    return CompiledModule(captured, opts)
+    return compile_captured(captured, opts)

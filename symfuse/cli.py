@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
-    from symfuse.codegen.cpu.build import BuildError
+    from symfuse.errors import BuildError
 
     try:
         return args.fn(args)

@@ -15,3 +15,12 @@ class UnsupportedOpsError(NotImplementedError):
 class CaptureError(RuntimeError):
     """torch.export could not trace the model; says why in symfuse's terms, with torch's
     error chained as the cause."""
+
+
+class CodegenError(NotImplementedError):
+    """A kernel a backend cannot generate (an op or dtype it has no spelling for); the step then
+    runs another way (its tensor expressions through torch) and `explain` says why."""
+
+
+class BuildError(RuntimeError):
+    """The C++ compiler could not be run, or could not build generated code; says which and why."""

@@ -11,11 +11,17 @@ import math
 from collections import Counter
 
 from symfuse.codegen.cpu.attention import late_normalisation
-from symfuse.codegen.cpu.calibrate import ROWS
+from symfuse.fusion.plan import plan
 from symfuse.ir.dims import fmt
 from symfuse.ir.graph import Graph, print_graph
 from symfuse.options import split_kind
+from symfuse.runtime.switches import ROWS
+from symfuse.schedule.attention import AttentionStep
+from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep
 from symfuse.shape.store import ShapeStore
+from symfuse.te.analysis import analyse
+from symfuse.te.ir import Opaque
+from symfuse.te.lower import lower
 
 
 def explain(
@@ -79,10 +85,6 @@ def explain(
 
 
 def _te_section(graph: Graph, store: ShapeStore, with_program: bool, native) -> list[str]:
-    from symfuse.fusion.plan import plan
-    from symfuse.te.analysis import analyse
-    from symfuse.te.ir import Opaque
-    from symfuse.te.lower import lower
 
     prog = native.te if native else lower(graph)
     analysis = analyse(prog)
@@ -124,8 +126,6 @@ def block_of(loc: str) -> str | None:
 
 def _blocks_section(graph: Graph, fp, native) -> list[str]:
     """Kernels per repeated block (a transformer layer): what each one computes and how it runs."""
-    from symfuse.schedule.attention import AttentionStep
-    from symfuse.schedule.steps import GemmStep
 
     nodes = {v.name: n for n in graph.nodes for v in n.outputs}
     steps = {s.name: s for s in native.schedule.steps} if native else {}
@@ -160,8 +160,6 @@ def _blocks_section(graph: Graph, fp, native) -> list[str]:
 
 
 def _steps_section(native) -> list[str]:
-    from symfuse.schedule.attention import AttentionStep
-    from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep
 
     steps = native.schedule.steps
     tile = native.tile

@@ -40,6 +40,7 @@ from starlette.responses import JSONResponse
 import symfuse
 from symfuse.bench.engines import flat_outputs
 from symfuse.ir.dims import evaluate
+from symfuse.runtime.artifact import read_manifest
 
 log = logging.getLogger("symfuse")
 
@@ -283,7 +284,7 @@ def app(artifact: str, *, replicas: int = 1, threads: int = 1, max_batch_size: i
         num_cpus: float | None = None):  # fmt: skip
     """The Ray Serve application for a saved artifact (`serve.run(app(...))`)."""
     artifact = os.path.abspath(artifact)
-    symfuse.artifact.read_manifest(artifact)  # a missing or foreign folder fails here, not in a replica
+    read_manifest(artifact)  # a missing or foreign folder fails here, not in a replica
     replica = ModelReplica.options(
         num_replicas=replicas,
         ray_actor_options={"num_cpus": threads if num_cpus is None else num_cpus},

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import symfuse
-from symfuse.artifact import ArtifactError, read_safetensors, write_safetensors
+from symfuse.runtime.artifact import ArtifactError, read_safetensors, write_safetensors
 from symfuse.cli import main
-from symfuse.codegen.cpu.calibrate import ROWS
 from symfuse.models import load as load_case
+from symfuse.runtime.switches import ROWS
 from tests.conftest import rel_err
 
 SHAPES = [dict(B=1, S=1), dict(B=1, S=16), dict(B=2, S=7), dict(B=3, S=13), dict(B=1, S=32)]
@@ -70,6 +70,7 @@ def test_a_saved_model_runs_in_a_fresh_process_without_transformers(saved, tmp_p
             m(input_ids=torch.zeros(1, 600, dtype=torch.long), attention_mask=torch.ones(1, 600, dtype=torch.long))
         except ValueError as e:
             print("GUARD", e)
+        print("MODULES", *sorted(k for k in sys.modules if k.split(".")[0] == "symfuse"))
         print("ERRS", max(errs), symfuse.compile_count(), "transformers" in sys.modules, type(out).__name__)
         """
     )
@@ -78,6 +79,11 @@ def test_a_saved_model_runs_in_a_fresh_process_without_transformers(saved, tmp_p
     errs = next(line for line in r.stdout.splitlines() if line.startswith("ERRS")).split()
     assert float(errs[1]) < 1e-4
     assert errs[2:] == ["0", "False", "Record"]  # no compile, no transformers: its output class stood in for
+    # loading and running imported the runtime alone: none of the compiler's stages
+    modules = next(line for line in r.stdout.splitlines() if line.startswith("MODULES")).split()[1:]
+    run_time = {"symfuse", "symfuse.version", "symfuse.options", "symfuse.errors", "symfuse.artifact", "symfuse.source"}
+    assert "symfuse.runtime.program" in modules
+    assert [m for m in modules if m not in run_time and not m.startswith("symfuse.runtime")] == []
     guard = next(line for line in r.stdout.splitlines() if line.startswith("GUARD"))
     with pytest.raises(ValueError) as compiled_error:
         module.bind(
@@ -114,7 +120,7 @@ def test_safetensors_round_trip_keeps_dtypes_and_values(tmp_path):
 
 
 def _rehash(path: str, name: str) -> None:
-    from symfuse.codegen.cpu.build import file_sha256
+    from symfuse.runtime.artifact import file_sha256
 
     m = json.load(open(os.path.join(path, "manifest.json")))
     m["files"][name] = {
@@ -166,7 +172,7 @@ def test_a_pickle_that_would_run_code_is_refused(saved, tmp_path):
 def test_other_format_versions_say_which_version_wrote_them(saved, tmp_path):
     path = copy_of(saved, tmp_path)
     manifest = json.load(open(os.path.join(path, "manifest.json")))
-    from symfuse.artifact import FORMAT
+    from symfuse.runtime.artifact import FORMAT
 
     for fmt, words in ((99, f"this symfuse reads format {FORMAT}: upgrade"), (0, "no longer reads: compile")):
         json.dump({**manifest, "format": fmt, "symfuse": "9.9"}, open(os.path.join(path, "manifest.json"), "w"))
@@ -265,7 +271,7 @@ def _tiny_build(cache: str):
 
 
 def test_the_kernel_cache_is_private_and_one_others_can_write_is_refused(tmp_path):
-    from symfuse.codegen.cpu.build import BuildError
+    from symfuse.errors import BuildError
 
     lib, _, _ = _tiny_build(str(tmp_path / "new" / "cache"))
     assert os.stat(tmp_path / "new" / "cache").st_mode & 0o777 == 0o700

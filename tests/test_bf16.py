@@ -13,15 +13,16 @@ import torch
 import torch.nn.functional as F
 
 import symfuse
-from symfuse.api import CompiledModule
+from symfuse.api import compile_captured
 from symfuse.codegen.compile import compile_program, generate
 from symfuse.codegen.cpu import target as tg
-from symfuse.codegen.cpu.calibrate import Threshold, canonical_attention, row_kernel
-from symfuse.codegen.cpu.gemm import ACTIVATIONS, BF16_MULTIPLY, bf16_multiplies, has_bf16_rows, pack_panels, tile_for
+from symfuse.codegen.cpu.calibrate import canonical_attention, row_kernel
+from symfuse.codegen.cpu.gemm import ACTIVATIONS, bf16_multiplies, has_bf16_rows, pack_panels, tile_for
 from symfuse.codegen.precision import cpu_bf16_missing
 from symfuse.ir.dtypes import DType
 from symfuse.options import SWITCH_KINDS, Options
 from symfuse.reference import ReferenceExecutor
+from symfuse.runtime.switches import BF16_MULTIPLY, Threshold
 from symfuse.shape.infer import GraphBuilder
 from tests.conftest import rel_err
 from tests.test_isa import ACTS, ATTENTION_SHAPES, RUNNABLE, merged_attention_cases
@@ -145,7 +146,7 @@ def test_sentence_embeddings_in_bf16(minilm, cache):
     case, captured = minilm
     # library versions everywhere, then symfuse's (its row kernel multiplying every way it can)
     for value, multiply in ((0, 0), *((1 << 20, m) for m in bf16_multiplies(HERE))):
-        c = CompiledModule(captured, forced(cache, value, multiply))
+        c = compile_captured(captured, forced(cache, value, multiply))
         text = c.explain(with_graph=False)
         if BF16_HERE:
             assert c.native.precision == "bf16" and "precision: bf16" in text
@@ -170,7 +171,7 @@ def test_sentence_embeddings_in_bf16(minilm, cache):
 def test_bf16_multiply_set_by_hand_is_checked(minilm, cache):
     _, captured = minilm
     with pytest.raises(ValueError, match=r"bf16_multiply=7 is not a way to multiply; use one of 0 \(vdpbf16ps\)"):
-        CompiledModule(captured, forced(cache, 8, 7))
+        compile_captured(captured, forced(cache, 8, 7))
 
 
 def test_no_bf16_instructions_falls_back_to_fp32_and_says_why(minilm, cache):
@@ -180,7 +181,7 @@ def test_no_bf16_instructions_falls_back_to_fp32_and_says_why(minilm, cache):
     assert "has no bf16 multiply instructions (avx512_bf16 or amx_bf16)" in why
     assert "oneDNN is held to AVX2" in cpu_bf16_missing(HERE, (("ONEDNN_MAX_CPU_ISA", "AVX2"),)) or not BF16_HERE
     if "avx2" in RUNNABLE:
-        c = CompiledModule(captured, Options(cache_dir=cache, isa="avx2", precision="bf16"))
+        c = compile_captured(captured, Options(cache_dir=cache, isa="avx2", precision="bf16"))
         assert c.native.precision == "fp32"
         assert "precision bf16 was asked for, but this CPU" in c.explain(with_graph=False)
         inputs = case.inputs(B=2, S=7)
@@ -200,7 +201,7 @@ def test_precision_options_are_checked():
 @pytest.mark.skipif(not BF16_HERE, reason="saving a bf16 program needs a CPU where bf16 runs (AVX512-BF16)")
 def test_bf16_artifact_round_trip(minilm, cache, tmp_path):
     case, captured = minilm
-    c = CompiledModule(captured, forced(cache, 8))
+    c = compile_captured(captured, forced(cache, 8))
     c.save(str(tmp_path / "a"))
     back = symfuse.load(str(tmp_path / "a"), cache_dir=cache)
     assert back.native.precision == "bf16" and "precision: bf16" in back.explain(with_graph=False)

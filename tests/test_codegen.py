@@ -237,8 +237,8 @@ def test_linear_layers_run_the_row_kernel_again_above_the_library_band(tmp_path)
     `linear_library` rows, the row kernel again above that up to the largest size measured,
     and oneDNN above it: the host picks per call, every version agrees with eager, and no
     row count recompiles."""
-    from symfuse.codegen.cpu.calibrate import ROWS
     from symfuse.models import load
+    from symfuse.runtime.switches import ROWS
 
     case = load("bert-small")
     th = {"linear_rows": 8, "linear_library": 24, "linear_split": 6}

@@ -119,7 +119,7 @@ def emulated_target(monkeypatch, name: str) -> tg.Target:
         return run(cmd, *a, **kw)
 
     monkeypatch.setattr(tg, "machine_arch", lambda: arch)
-    monkeypatch.setattr(tg.subprocess, "run", under_emulator)
+    monkeypatch.setattr(subprocess, "run", under_emulator)
     return tg.detect(cxx)
 
 

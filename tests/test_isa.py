@@ -15,15 +15,16 @@ import pytest
 import torch
 
 import symfuse
-from symfuse.api import CompiledModule
+from symfuse.api import compile_captured
 from symfuse.codegen.compile import compile_program, generate
 from symfuse.codegen.cpu import target as tg
 from symfuse.codegen.cpu.build import build
 from symfuse.codegen.cpu.c import preamble
-from symfuse.codegen.cpu.calibrate import ROWS, canonical_attention, row_kernel
+from symfuse.codegen.cpu.calibrate import canonical_attention, row_kernel
 from symfuse.codegen.cpu.gemm import ACTIVATIONS, chunk_choices, gemm_source, pack_panels, tile_for
 from symfuse.options import SWITCH_KINDS, Options
 from symfuse.reference import ReferenceExecutor
+from symfuse.runtime.switches import ROWS
 from symfuse.schedule.attention import AttentionStep
 from tests.conftest import rel_err
 
@@ -248,7 +249,7 @@ def test_bert_small_at_every_isa(isa, cache, bert_small):
     # 4-8 rows: threads on rows; 9-24 rows oneDNN, the row kernel again above
     th = (("linear_rows", 8), ("linear_split", 3), ("linear_library", 24), ("attention_keys_library", 16))
     opts = Options(cache_dir=cache, isa=isa, thresholds=th)
-    c = CompiledModule(captured, opts)
+    c = compile_captured(captured, opts)
     explained = c.explain(with_graph=False)
     assert c.native.target.isa == isa and f"target: {isa}" in explained
     assert (

@@ -10,7 +10,7 @@ import symfuse
 from symfuse.ir.dims import sym
 from symfuse.models import load
 from symfuse.shape.infer import reinfer
-from symfuse.shape.store import Tri
+from symfuse.ir.tri import Tri
 from tests.conftest import rel_err
 
 pytestmark = pytest.mark.models

@@ -10,7 +10,7 @@ import torch.utils._pytree as pytree
 from torch.testing._internal.common_methods_invocations import op_db  # (imports expecttest)
 
 import symfuse
-from symfuse.codegen.cpu.build import BuildError
+from symfuse.errors import BuildError
 
 pytestmark = pytest.mark.models
 

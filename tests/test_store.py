@@ -1,7 +1,8 @@
 import pytest
 
 from symfuse.ir.dims import dmin, floordiv, sym
-from symfuse.shape.store import Origin, ShapeError, ShapeStore, Tri
+from symfuse.shape.store import Origin, ShapeError, ShapeStore
+from symfuse.ir.tri import Tri
 
 ORIGIN = Origin("test")
 

@@ -18,18 +18,12 @@ import torch
 import symfuse
 from symfuse.codegen.cpu import calibrate
 from symfuse.codegen.cpu import target as tg
-from symfuse.codegen.cpu.build import BuildError, build
-from symfuse.codegen.cpu.calibrate import (
-    BUSY,
-    ROWS,
-    STREAMED,
-    Calibration,
-    OtherProcesses,
-    _switch_point,
-    weight_traffic,
-)
+from symfuse.codegen.cpu.build import build
+from symfuse.codegen.cpu.calibrate import BUSY, Calibration, OtherProcesses, _switch_point
 from symfuse.codegen.cpu.gemm import bf16_multiplies, chunk_choices, has_bf16_rows, tile_for
+from symfuse.errors import BuildError
 from symfuse.options import Options, parse_thresholds
+from symfuse.runtime.switches import ROWS, STREAMED, weight_traffic
 
 AVX2 = ("avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "lzcnt", "movbe", "os_avx")
 AVX512 = AVX2 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "os_avx512")
@@ -45,7 +39,7 @@ def fake_cpu(monkeypatch, arch: str, features, runs=lambda flags: True):
             return True, " ".join(f"{f}=1" for f in features)
         return (True, "3\n") if runs(flags) else (False, "exit status -4 (signal 4)")
 
-    monkeypatch.setattr(tg, "_run_program", run)
+    monkeypatch.setattr(tg, "run_program", run)
 
 
 def test_avx2_only_cpu_gets_x86_64_v3_and_a_tile_for_16_registers(monkeypatch):

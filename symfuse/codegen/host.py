@@ -12,58 +12,34 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import sympy
 
 from symfuse import ops
-from symfuse.codegen.cpu.calibrate import ANY_HEAD, ROWS, Threshold
-from symfuse.codegen.cpu.gemm import activation_code
-from symfuse.codegen.cpu.kernel import KernelSource
-from symfuse.codegen.cpu.run import RunCode, native_run
 from symfuse.ir.dims import to_python
 from symfuse.ir.dtypes import DType
-from symfuse.options import library_kind, split_kind, threshold_name
+from symfuse.options import threshold_name
 from symfuse.reference import attr_evaluator
+from symfuse.runtime.code import HostCode
 from symfuse.schedule.attention import AttentionStep
-from symfuse.schedule.channels_last import NHWC
-from symfuse.schedule.layout import View, as_matrix, row_major
+from symfuse.schedule.layout import View
 from symfuse.schedule.memory import MemoryPlan, aligned, plan_memory
 from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep, Schedule
 from symfuse.te.analysis import loads
+from symfuse.te.interp import run_te
 
 
-@dataclass
-class HostCode:
-    source: str
-    constants: dict[str, str] = field(default_factory=dict)  # namespace name -> constant value name
-    packed: dict[str, str] = field(default_factory=dict)  # W[name] -> weight to reorder for oneDNN
-    # namespace name -> weight to pack for sf_linear_rows (bf16 programs: sf_linear_rows_bf16)
-    panels: dict[str, str] = field(default_factory=dict)
-    # namespace name -> how to make its function: ("op", op, attrs) runs an op's torch reference,
-    # ("te", step) a kernel's tensor expressions through torch (plain data: an artifact saves it)
-    recipes: dict[str, tuple] = field(default_factory=dict)
-    kernels: dict[str, int] = field(default_factory=dict)  # native kernel -> number of buffer arguments
-    # namespace name -> (kind, shape): a version switch point, measured per machine (calibrate.py)
-    thresholds: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
-    step_thresholds: dict[str, str] = field(default_factory=dict)  # step -> the threshold it reads
-    precision: str = "fp32"  # bf16: float32 buffers and constants are stored in bfloat16
-    bf16_multiply: Threshold | None = None  # how the bf16 row kernel multiplies (gemm.BF16_MULTIPLY)
-    row_chunk: Threshold | None = None  # steps of K in a chunk of the row kernel's panels (gemm.chunk_choices)
-    lstm: bool = False  # an LSTM runs on the library's recurrence (codegen/cpu/lstm.py)
-    conv_weights: tuple[str, ...] = ()  # constant convolution weights, prepared once (runtime/program.py: ConvWeights)
-    run: RunCode | None = None  # the whole call in C++ where every step runs in the library (codegen/cpu/run.py)
-    run_missing: str = ""  # else why not
+class HostGenerator:
+    """The host code of a schedule, for one backend: a subclass spells each kind of step
+    (`native`, `gemm`, `attention`); the base binds sizes, plans memory and writes the
+    functions."""
 
-
-class _Host:
     native_symbols = True  # kernels read the symbols through `sym_p`, the address of `sym`
-    whole_calls = True  # a call may run in C++ (`sf_run`) at bindings where every step is the library's
 
     def __init__(
         self,
         sched: Schedule,
-        kernels: dict[str, KernelSource],
+        kernels: dict,  # step name -> its kernel source (the backend's own type)
         symbols: list[str],
         bf16_rows: bool = False,
         bf16_amx: bool = False,
@@ -146,90 +122,38 @@ class _Host:
             return f"view({self.ref(x)}, {self.tup(v.sizes)}, {self.tup(v.strides)}, {self.py(v.offset)})"
         return f"view(@buf{{{x}}}, {self.tup(v.sizes)}, {self.tup(v.strides)}, @off{{{x}}}{self.py(v.offset)})"
 
-    def native(self, st: NativeStep) -> list[str]:
-        src = self.kernels.get(st.name)
-        if src is None:  # no C++ for it: its TEs run through the torch TE interpreter
-            fn = f"te_{st.name}"
-            self.code.recipes[fn] = ("te", st.name)
-            ins = sorted(
-                {ld.tensor for m in st.members for ld, _ in loads(m.body)}
-                - {m.name for m in st.members}
-                - set(st.inline)
-            )
-            out = [self.alloc(n) for n in st.outputs]
-            env = ", ".join(f"{n!r}: {self.ref(n)}" for n in ins + st.outputs)
-            out.append(f"{fn}[0]({{{env}}}, b)")
-            return out
-        fn = src.function or st.name
-        self.code.kernels[fn] = len(src.args)
-        out = [self.alloc(n) for n in src.args[: src.n_outputs]]
-        rows = self.py(sympy.Mul(*st.rows)) if st.rows else "1"
-        ptrs = ", ".join(self.ptr(n) for n in src.args)
-        out.append(f"k.{fn}({ptrs}, sym_p, 0, {rows})")
+    def torch_run(self, st: NativeStep) -> list[str]:
+        """A step with no kernel: its TEs run through the torch TE interpreter."""
+        fn = f"te_{st.name}"
+        self.code.recipes[fn] = ("te", st.name)
+        ins = sorted(
+            {ld.tensor for m in st.members for ld, _ in loads(m.body)} - {m.name for m in st.members} - set(st.inline)
+        )
+        out = [self.alloc(n) for n in st.outputs]
+        env = ", ".join(f"{n!r}: {self.ref(n)}" for n in ins + st.outputs)
+        out.append(f"{fn}[0]({{{env}}}, b)")
         return out
 
+    def native(self, st: NativeStep) -> list[str]:
+        """A kernel's call (its TEs through torch where it has no kernel)."""
+        raise NotImplementedError
+
     def gemm(self, st: GemmStep) -> list[str]:
-        out = []
-        if st.weight is not None:
-            w = f"w_{st.weight}"
-            self.code.packed[w] = st.weight
-            bias = self.ref(st.bias) if st.bias else "None"
-            attr, algo = st.postop or ("none", "")
-            library = f"@lib{{{st.out}}} = linear({self.view(st.a)}, W[{w!r}], {bias}, {attr!r}, [], {algo!r})"
-            library += self.reshaped(st)
-            mat = as_matrix(st.a)
-            dtype = self.s.buffers[st.a.buffer].dtype
-            rows_fn = {DType.float32: "sf_linear_rows", DType.bfloat16: "sf_linear_rows_bf16"}.get(dtype)
-            if mat is None or rows_fn is None or (dtype is DType.bfloat16 and not self.bf16_rows):
-                out.append(library)
-            else:  # two versions, picked per call from the row count
-                rows, lda = mat
-                n, k = (int(d) for d in self.s.buffers[st.weight].shape)
-                p = f"p_{st.weight}"
-                self.code.panels[p] = st.weight
-                a = f"{self.ptr(st.a.buffer)} + {self.py(st.a.offset)} * {dtype.torch.itemsize}"
-                b = self.ptr(st.bias) if st.bias else "None"
-                act = activation_code(st.postop)
-                kind = "linear_rows" if dtype is DType.float32 else "linear_rows_bf16"
-                th = self.threshold(st.name, kind, (k, n))
-                # oneDNN above the switch point, or in a band above it and the row kernel again
-                # above the band up to the largest size measured (calibrate.py)
-                band = threshold_name(library_kind(kind), (k, n))
-                self.code.thresholds[band] = (library_kind(kind), (k, n))
-                own = f"{self.py(rows)} <= {th} or {band} < {self.py(rows)} <= {ROWS[-1]}"
-                self.versions.append(f"({own})")
-                out.append(f"if {own}:")
-                out.append("    " + self.alloc(st.out))
-                # its threads split the panels, or above a switch point the rows first
-                split = threshold_name(split_kind(kind), (k, n))
-                self.code.thresholds[split] = (split_kind(kind), (k, n))
-                call = f"(k.{rows_fn} if {self.py(rows)} <= {split} else k.{rows_fn}_split)"
-                out.append(
-                    f"    {call}({a}, {self.py(lda)}, a{p}, {b}, {self.ptr(st.out)}, "
-                    f"{n}, {self.py(rows)}, {n}, {k}, {act})"
-                )
-                out.append("else:")
-                out.append("    " + library)
-        elif st.conv is not None:
-            attr, algo = st.postop or ("none", "")
-            pad, stride, dil, groups = st.conv
-            x = self.ref(st.a.buffer)
-            if st.b.buffer in self.const:  # channels-last (oneDNN's NHWC path), in oneDNN's layout from the first call
-                self.code.conv_weights = tuple(sorted({*self.code.conv_weights, st.b.buffer}))
-                w = f"conv_weight({st.b.buffer!r}, {x}, {list(pad)}, {list(stride)}, {list(dil)}, {groups})"
-            else:  # a computed weight, as it is
-                w = self.ref(st.b.buffer)
-            bias = self.ref(st.bias) if st.bias else "None"
-            call = f"conv({x}, {w}, {bias}, {list(pad)}, {list(stride)}, {list(dil)}, {groups}, {attr!r}, [], {algo!r})"
-            b = self.s.buffers[st.out]
-            nhwc = len(b.shape) == 4 and tuple(b.strides) == row_major(b.shape, NHWC)
-            layout = "memory_format=torch.channels_last" if nhwc else ""
-            out.append(f"t_{st.out} = {call}.contiguous({layout})")
-        else:
-            out += self.batched(st)
-        if st.epilogue is not None:
-            out += self.native(st.epilogue)
-        return out
+        raise NotImplementedError
+
+    def attention(self, st: AttentionStep) -> list[str]:
+        raise NotImplementedError
+
+    def whole_call(self) -> list[str]:
+        """Lines that run the whole call at once where the backend can (CPU: `sf_run`); none here."""
+        return []
+
+    def tables(self) -> str:
+        """Host-module lines made once, before the functions (CPU: what `sf_run` reads)."""
+        return ""
+
+    def plan_whole_call(self, outputs: list[str]) -> None:
+        """Decide, once steps and memory are known, whether a call can run whole (CPU)."""
 
     def reshaped(self, st: GemmStep) -> str:
         """`.view(...)` that gives a linear's result its output's shape, when its epilogue read
@@ -242,36 +166,6 @@ class _Host:
         out = [self.alloc(st.out), f"matmul({self.view(st.a)}, {self.view(st.b)}, out=t_{st.out})"]
         if st.bias:
             out.append(f"t_{st.out} += {self.ref(st.bias)}")
-        return out
-
-    def attention(self, st: AttentionStep) -> list[str]:
-        """Two versions, picked per call from the number of keys: the merged kernel where it
-        wins; above, torch's fused attention when the row kernel is exactly its scale, mask
-        and safe softmax, else the three steps (library batched GEMMs around the row kernel)."""
-        if st.name not in self.kernels:  # no merged kernel for it (bf16): the library at every length
-            out, pad = [], ""
-        else:
-            keys = self.py(st.scores.b.sizes[-1])
-            d = st.scores.a.sizes[-1]
-            head = (int(d),) if d.is_Integer else (ANY_HEAD,)
-            kind = "attention_keys_library" if st.library else "attention_keys"
-            if self.s.buffers[st.scores.a.buffer].dtype is DType.bfloat16:  # measured apart: other kernels
-                kind += "_bf16"
-            th = self.threshold(st.name, kind, head)
-            self.versions.append(f"{keys} <= {th}")
-            out, pad = [f"if {keys} <= {th}:"], "    "
-            out += [pad + line for line in self.native(st)]
-            out.append("else:")
-        if st.library is not None:  # torch's fused attention, straight into the output's layout
-            q, kt, v = st.scores.a, st.scores.b, st.context.b
-            k = View(kt.buffer, kt.sizes[:-2] + kt.sizes[::-1][:2], kt.strides[:-2] + kt.strides[::-1][:2], kt.offset)
-            mask = self.view(st.library.mask) if st.library.mask else "None"
-            call = f"sdpa({self.view(q)}, {self.view(k)}, {self.view(v)}, attn_mask={mask}, scale={st.library.scale!r})"
-            b = self.s.buffers[st.out]
-            whole = self.view(View(st.out, b.shape, b.strides, sympy.Integer(0)))
-            return out + [pad + self.alloc(st.out), f"{pad}{whole}.copy_({call})"]
-        for part in (st.scores, st.softmax, st.context):
-            out += ["    " + line for line in (self.gemm(part) if isinstance(part, GemmStep) else self.native(part))]
         return out
 
     def opaque(self, st: OpaqueStep) -> list[str]:
@@ -325,43 +219,12 @@ class _Host:
         self.libraries = {
             m.group(2) for lines in body for line in lines for m in _MARK.finditer(line) if m.group(1) == "lib"
         }
-        if self.whole_calls:
-            made = {ln.split()[1] for lines in body for ln in lines if ln.strip().startswith("@alloc ")}
-            self.run_outputs = [n for n in dict.fromkeys(s.outputs) if n in made]  # sf_run's outputs
-            self.code.run, self.code.run_missing = native_run(self, self.run_outputs)
+        made = {ln.split()[1] for lines in body for ln in lines if ln.strip().startswith("@alloc ")}
+        self.plan_whole_call([n for n in dict.fromkeys(s.outputs) if n in made])
         body = [[self.resolve(ln, mem, self.places) for ln in lines] for lines in body]
-        self.code.source = self.run_tables() + self.function("run", body, last, keep, timed=False)
+        self.code.source = self.tables() + self.function("run", body, last, keep, timed=False)
         self.code.source += "\n\n" + self.function("run_timed", body, last, keep, timed=True)
         return self.code
-
-    def run_tables(self) -> str:
-        """What `sf_run` reads besides a call's own addresses, made once: the constants' addresses
-        and the switch points (`Program.set_threshold` writes them there too)."""
-        run = self.code.run
-        if run is None:
-            return ""
-        return (
-            f"run_constants = Int64s({', '.join(f'a{c}' for c in run.constants)})\n"
-            f"run_threshold_names = ({''.join(f'{t!r}, ' for t in run.thresholds)})\n"
-            f"run_thresholds = Int64s({', '.join(run.thresholds)})\n"
-            "aca, ath = addressof(run_constants), addressof(run_thresholds)\n\n\n"
-        )
-
-    def run_call(self) -> list[str]:
-        """The call in C++ (`sf_run`), at bindings where every step runs the library's own version:
-        the outputs allocated here, every step there (codegen/cpu/run.py)."""
-        versions = " and ".join(["whole", *dict.fromkeys(self.versions)])
-        out = [f"    if {versions}:  # every step in the library's own kernels: one C++ call"]
-        pad = "        "
-        for n in self.run_outputs:
-            b = self.s.buffers[n]
-            out.append(f"{pad}t_{n} = empty_strided({self.tup(b.shape)}, {self.tup(b.strides)}, dtype={b.dtype.torch})")
-        ptrs = [f"t_{n}.data_ptr()" for n in self.inputs + self.run_outputs]
-        ws = "wsp" if self.memory.slot_sizes else "0"
-        out.append(f"{pad}k.sf_run(sym_p, {ws}, ath, aca, {', '.join(ptrs)})")
-        out.append(f"{pad}check(sym)")
-        out.append(f"{pad}return [" + ", ".join(self.ref(n) for n in self.s.outputs) + "]")
-        return out
 
     def function(self, name: str, body: list[list[str]], last: dict, keep: set, timed: bool) -> str:
         """`run(inputs, b)` (with `whole=False`, step by step where `sf_run` would take the call);
@@ -385,8 +248,8 @@ class _Host:
             dtypes = sorted({s.buffers[n].dtype.name for n in mem.slot_of})
             out += [f"    ws_{d} = ws.view(torch.{d})" for d in dtypes]
         out += [f"    t_{n} = inputs[{i}].contiguous()" for i, n in enumerate(self.inputs)]
-        if self.code.run is not None and not timed:
-            out += self.run_call()
+        if not timed:
+            out += self.whole_call()
         for i, lines in enumerate(body):
             if timed:  # time the compute calls alone: what is left of a call is overhead
                 calls = [j for j, line in enumerate(lines) if _is_compute(line)]
@@ -448,7 +311,6 @@ def opaque_functions(recipes: dict[str, tuple], step: Callable[[str], NativeStep
 
 def torch_kernel(st: NativeStep):
     """Run a kernel's TEs through the TE interpreter, writing its outputs into their buffers."""
-    from symfuse.te.interp import run_te
 
     def run(env: dict, b: dict) -> None:
         env = dict(env)
@@ -476,13 +338,3 @@ def _is_compute(line: str) -> bool:
         return True
     calls = (" = linear(", " = conv(", " = op_", " = lstm(", " = activation(", " = in_layout(sdpa(", "+=")
     return line.startswith(starts) or any(c in line for c in calls)
-
-
-def generate_host(
-    sched: Schedule,
-    kernels: dict[str, KernelSource],
-    symbols: list[str],
-    bf16_rows: bool = False,
-    bf16_amx: bool = False,
-) -> HostCode:
-    return _Host(sched, kernels, symbols, bf16_rows, bf16_amx).generate()

@@ -51,12 +51,6 @@ def cast_boundary(source: str, graph: Graph, storage: dict[str, DType]) -> str:
     return "\n".join(lines)
 
 
-def stored(t: torch.Tensor, precision: str) -> torch.Tensor:
-    """A float32 constant as a program of `precision` stores it."""
-    dtype = PRECISIONS[precision]
-    return t.to(dtype.torch) if t.dtype == torch.float32 and dtype is not DType.float32 else t
-
-
 # bf16 instructions the CPU backend's GEMMs (oneDNN) multiply with; without them oneDNN
 # widens bf16 to float32 inside its kernels, which makes bf16 no faster than fp32
 BF16_INSTRUCTIONS = ("avx512_bf16", "amx_bf16")

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from symfuse.shape.store import ShapeStore, Tri
+from symfuse.ir.tri import Tri
+from symfuse.shape.store import ShapeStore
 from symfuse.te.analysis import GATHER, MANY, ONE, Analysis, has_reduce, in_row, loads, same_element
 from symfuse.te.ir import TE, Call, Load, Opaque
 from symfuse.te.lower import TEProgram

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 from symfuse.ir.dims import SLICE_END, Dim, ceildiv, dmax, dmin, exact_quotient, floordiv, product, slice_bound
 from symfuse.ir.dims import dim as as_dim
+from symfuse.ir.tri import Tri
 from symfuse.ops.registry import Kind, defop, same_dtype
-from symfuse.shape.store import Tri
 from symfuse.te.rules import (
     cat_rule,
     embedding_rule,

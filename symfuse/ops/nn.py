@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from symfuse.ir.dtypes import DType
 from symfuse.ops.reduction import _pool_out as pool_out
 from symfuse.ops.registry import Kind, defop, promoted, same_dtype
+from symfuse.runtime.lstm import torch_lstm
 from symfuse.te.rules import conv2d_rule, linear_rule, matmul_rule
 
 
@@ -137,14 +138,6 @@ def _lstm_shape(ctx, x, h0, c0, params, num_layers, bidirectional, batch_first, 
     return [out, state, state]
 
 
-def _lstm_ref(x, h0, c0, params, num_layers, bidirectional, batch_first, has_biases, hidden_size):
-    b = x.shape[0] if batch_first else x.shape[1]
-    dirs = 2 if bidirectional else 1
-    zeros = x.new_zeros(num_layers * dirs, b, hidden_size)
-    hx = [h0 if h0 is not None else zeros, c0 if c0 is not None else zeros]
-    return tuple(torch.lstm(x, hx, params, has_biases, num_layers, 0.0, False, bidirectional, batch_first))
-
-
 defop(
     "lstm",
     Kind.OPAQUE,
@@ -152,7 +145,7 @@ defop(
     ("num_layers", "bidirectional", "batch_first", "has_biases", "hidden_size"),
     shape=_lstm_shape,
     dtype=lambda x, h0, c0, params, **_: [x.dtype] * 3,
-    ref=_lstm_ref,
+    ref=torch_lstm,
     constraints="input features tie to weight_ih_l0; states are [layers * directions, batch, hidden]",
     doc="a multi-layer LSTM; outputs (output, h_n, c_n)",
 )

@@ -109,10 +109,19 @@ def python_include() -> str:
     return folder if folder and os.path.exists(os.path.join(folder, "Python.h")) else ""
 
 
+_PATHS: dict[object, str] = {}  # a loaded Kernel type -> the file it came from
+
+
+def caller_path(kernel) -> str:
+    """The file a `Kernel` type was loaded from ("" for None: calls through ctypes)."""
+    return _PATHS.get(kernel, "") if kernel is not None else ""
+
+
 def load_caller(path: str):
     """The `Kernel` type of the extension built at `path`."""
     loader = importlib.machinery.ExtensionFileLoader("symfuse_call", path)
     spec = importlib.util.spec_from_file_location("symfuse_call", path, loader=loader)
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
+    _PATHS[module.Kernel] = path
     return module.Kernel

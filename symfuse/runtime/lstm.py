@@ -44,6 +44,16 @@ def _bias(b_ih: torch.Tensor, b_hh: torch.Tensor) -> torch.Tensor:
 PROJECT_IN_LIBRARY = 1 << 22
 
 
+def torch_lstm(x, h0, c0, params, num_layers, bidirectional, batch_first, has_biases, hidden_size):
+    """`torch.lstm` with an op's arguments: the lstm op's reference, and what runs tensors
+    other than float32."""
+    b = x.shape[0] if batch_first else x.shape[1]
+    dirs = 2 if bidirectional else 1
+    zeros = x.new_zeros(num_layers * dirs, b, hidden_size)
+    hx = [h0 if h0 is not None else zeros, c0 if c0 is not None else zeros]
+    return tuple(torch.lstm(x, hx, params, has_biases, num_layers, 0.0, False, bidirectional, batch_first))
+
+
 def run_lstm(
     recurrence, x, h0, c0, params, num_layers, bidirectional, batch_first, has_biases, hidden_size, project=None
 ):
@@ -51,9 +61,7 @@ def run_lstm(
     than float32 (a bf16 program stores its weights in bf16) go through torch's LSTM.
     `project`: the library's input projection (`sf_lstm_input`), for few rows."""
     if any(t is not None and t.dtype != torch.float32 for t in (x, h0, c0, *params)):
-        from symfuse import ops
-
-        return ops.get("lstm").ref(x, h0, c0, params, num_layers, bidirectional, batch_first, has_biases, hidden_size)
+        return torch_lstm(x, h0, c0, params, num_layers, bidirectional, batch_first, has_biases, hidden_size)
     dirs = 2 if bidirectional else 1
     seq = x.transpose(0, 1) if batch_first else x  # time-major [T, B, features]
     t, b = seq.shape[0], seq.shape[1]

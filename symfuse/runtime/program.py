@@ -126,6 +126,7 @@ class Program(HostProgram):
             for name, f in list(vars(ks).items()):
                 if len(f.argtypes) <= MAX_ARGS:
                     setattr(ks, name, caller(ctypes.cast(f, ctypes.c_void_p).value, len(f.argtypes)))
+        self.caller = caller  # kept: an artifact saves its file
         self.fast_calls = caller is not None
 
         def check(sym) -> None:

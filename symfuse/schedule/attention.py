@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from symfuse.schedule.layout import View, strided_view
 from symfuse.schedule.steps import GemmStep, NativeStep, Schedule, Step
+from symfuse.te.analysis import has_reduce, loads
+from symfuse.te.ir import Call, Load
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,6 @@ def native_steps(sched: Schedule) -> list:
 
 
 def _reads(st: Step) -> set[str]:
-    from symfuse.te.analysis import loads
 
     if isinstance(st, GemmStep):
         return {v.buffer for v in (st.a, st.b) if v is not None} | ({st.bias} if st.bias else set())
@@ -116,7 +117,6 @@ def _scalar(v, producer) -> float | None:
 def _mask_view(st: AttentionStep, masked: str, sched: Schedule) -> View | None:
     """The mask as the row kernel reads it: a strided view of its buffer over the scores'
     shape (stride 0 where it broadcasts)."""
-    from symfuse.te.ir import Call, Load
 
     te = next((m for m in st.softmax.members if m.name == masked), None)
     if te is None or not isinstance(te.body, Call):
@@ -177,7 +177,6 @@ def _apart(a: Step, b: Step, c: Step) -> NativeStep | None:
     steps and that do not depend on the first GEMM's scores (T5's position bias, which every
     layer reads), as a kernel of their own to run before the scores; `b` keeps the rest. None
     when there are none."""
-    from symfuse.te.analysis import has_reduce, loads
 
     if not (isinstance(a, GemmStep) and isinstance(b, NativeStep) and isinstance(c, GemmStep)):
         return None

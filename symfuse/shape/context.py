@@ -7,7 +7,8 @@ and every constraint they add is recorded with the op, value and source location
 from __future__ import annotations
 
 from symfuse.ir.dims import Dim, DimLike, dim, fmt_shape
-from symfuse.shape.store import Origin, ShapeError, ShapeStore, Tri
+from symfuse.ir.tri import Tri
+from symfuse.shape.store import Origin, ShapeError, ShapeStore
 
 
 class ShapeContext:

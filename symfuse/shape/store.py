@@ -13,22 +13,13 @@ error instead of a wrong answer.
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass, field
 
 import sympy
 
-from symfuse.ir.dims import Dim, DimLike, dim, fmt, fmt_shape, product, sym
-
-
-class Tri(enum.Enum):
-    YES = "yes"
-    NO = "no"
-    UNKNOWN = "unknown"
-
-    def __bool__(self) -> bool:  # a Tri is never silently truthy
-        raise TypeError("compare a Tri with Tri.YES / Tri.NO explicitly")
+from symfuse.ir.dims import Dim, DimLike, dim, fmt, fmt_shape, product, sym, to_python
+from symfuse.ir.tri import Tri
 
 
 class ShapeError(ValueError):
@@ -388,7 +379,6 @@ def _nondecreasing(e: sympy.Expr) -> bool:
 
 
 def _evaluator(e: sympy.Expr, s: sympy.Symbol):
-    from symfuse.ir.dims import to_python
 
     return eval(f"lambda {s.name}: {to_python(e)}", {"min": min, "max": max})  # noqa: S307
 

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import sympy
 
-from symfuse.codegen.cpu.c import STORAGE, CodegenError, cidx, team_entry
+from symfuse.codegen.cpu.c import STORAGE, cidx, team_entry
 from symfuse.codegen.cpu.kernel import KernelSource, _Emitter
+from symfuse.errors import CodegenError
 from symfuse.ir.dims import fmt_shape
 from symfuse.ir.dtypes import DType
 from symfuse.schedule.attention import AttentionStep

@@ -20,50 +20,17 @@ import os
 import subprocess
 import tempfile
 import time
-from typing import TYPE_CHECKING
 
 from filelock import FileLock
 
+from symfuse.codegen.cache import cache_folder, fallback, private
+from symfuse.codegen.cpu.toolchain import HINT, compiler_version, no_compiler
+from symfuse.errors import BuildError
 from symfuse.options import Options
-
-if TYPE_CHECKING:
-    from symfuse.codegen.cpu.target import Target
+from symfuse.runtime.artifact import file_sha256
+from symfuse.runtime.target import Target
 
 log = logging.getLogger("symfuse")
-
-
-class BuildError(RuntimeError):
-    pass
-
-
-HINT = "backend='reference' runs without a compiler (each op through PyTorch)"
-
-
-def no_compiler(cxx: str, why: str) -> str:
-    return (
-        f"the C++ compiler {cxx!r} (CXX; default g++) cannot be run: {why}. Install g++ or clang++, or set CXX; {HINT}"
-    )
-
-
-@functools.cache
-def compiler_version(cxx: str) -> str:
-    try:
-        r = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise BuildError(no_compiler(cxx, str(e).strip() or type(e).__name__)) from e
-    lines = r.stdout.splitlines()
-    if not lines:
-        raise BuildError(no_compiler(cxx, "`--version` printed nothing"))
-    return lines[0]
-
-
-def file_sha256(path: str) -> str:
-    """A file's SHA-256, read in blocks (a library's sidecar, an artifact's manifest)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _valid(lib: str) -> bool:
@@ -135,9 +102,9 @@ def build(source: str, target: Target, opts: Options, extra: tuple[str, ...] = (
     try:
         return _build_in(folder, source, cxx, flags, target, key, t0)
     except OSError as e:  # a full disk, or a folder that stopped taking writes: build privately
-        if folder == _private.get("folder"):
+        if folder == private.get("folder"):
             raise
-        folder = _fallback(folder, f"could not be written ({e})")
+        folder = fallback(folder, f"could not be written ({e})")
         return _build_in(folder, source, cxx, flags, target, key, t0)
 
 
@@ -149,37 +116,6 @@ def _build_in(folder: str, source: str, cxx: str, flags: list[str], target: Targ
             return lib, True, time.perf_counter() - t0
         _compile(source, cxx, flags, target, lib, folder)
     return lib, False, time.perf_counter() - t0
-
-
-_private: dict[str, str] = {}  # this process's fallback folder, once made
-
-
-def _fallback(folder: str, why: str) -> str:
-    if "folder" not in _private:
-        _private["folder"] = tempfile.mkdtemp(prefix="symfuse-kernels-")  # 0700, this process's own
-    log.warning("symfuse: the kernel cache %s %s; building in %s for this process", folder, why, _private["folder"])
-    return _private["folder"]
-
-
-def cache_folder(path: str) -> str:
-    """The kernel cache, checked before any library in it is loaded: created private (0700);
-    one that other users can write to is refused (they could put code there that this
-    process would run); one that cannot be created or written falls back, with a warning,
-    to a private temporary folder."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-    except OSError as e:
-        return _fallback(path, f"cannot be created ({e})")
-    mode = os.stat(path).st_mode
-    if mode & 0o022:
-        raise BuildError(
-            f"the kernel cache {path} is writable by other users (mode {oct(mode & 0o777)}); symfuse loads "
-            f"compiled code from it, so it will not use it: run `chmod go-w {path}` or set SYMFUSE_CACHE_DIR to "
-            "a private folder"
-        )
-    if not os.access(path, os.W_OK | os.X_OK):
-        return _fallback(path, "is not writable")
-    return path
 
 
 @functools.cache

@@ -9,9 +9,10 @@ import re
 
 import sympy
 
-from symfuse.codegen.cpu.target import Target
+from symfuse.errors import CodegenError
 from symfuse.ir.dims import call_spelling, render
 from symfuse.ir.dtypes import DType
+from symfuse.runtime.target import Target
 
 CTYPE = {
     DType.float32: "float",
@@ -213,10 +214,6 @@ def preamble(target: Target) -> str:
     head = _HEADER.replace("@TARGET@", f"{target.isa} ({target.arch}, {' '.join(target.flags) or 'no ISA flags'})")
     vectors = _VECTORS.replace("@LANES@", str(target.lanes)).replace("@SPLAT@", ", ".join(["x"] * target.lanes))
     return head + (_LIBMVEC if target.libmvec else "") + vectors + _HELPERS
-
-
-class CodegenError(NotImplementedError):
-    pass
 
 
 C_INDEX = call_spelling("sf_floordiv<int64_t>", "std::{f}<int64_t>", CodegenError)

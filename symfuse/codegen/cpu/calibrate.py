@@ -55,107 +55,41 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
-from symfuse.codegen.cpu.target import Target
-from symfuse.options import BUILD_KINDS, SWITCH_KINDS, THRESHOLD_KINDS, Options, rows_kind, split_kind
+from symfuse.codegen.cpu.build import build
+from symfuse.codegen.cpu.c import preamble
+from symfuse.codegen.cpu.gemm import bf16_multiplies, chunk_choices, gemm_source, has_bf16_rows, pack_panels, tile_for
+from symfuse.codegen.cpu.generate import build_generated, generate, make_program
+from symfuse.ir.dtypes import DType
+from symfuse.options import BUILD_KINDS, THRESHOLD_KINDS, Options, rows_kind, split_kind
+from symfuse.runtime.native import Backend
+from symfuse.runtime.program import linear_rows
+from symfuse.runtime.switches import (
+    BY_HAND,
+    HEADS,
+    KEYS,
+    ROWS,
+    STREAMED,
+    Threshold,
+    by_hand,
+    least_traffic,
+    traffic_words,
+)
+from symfuse.runtime.target import Target
+from symfuse.schedule.attention import AttentionStep
+from symfuse.shape.infer import GraphBuilder
 
 log = logging.getLogger("symfuse")
 
-# the row counts a linear layer's versions are timed at; above the last, oneDNN runs (its
-# blocking covers any size; the row kernel's does not block the input)
-ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
-KEYS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-HEADS = 12
-BY_HAND = "set by hand (thresholds / SYMFUSE_THRESHOLDS)"
-ANY_HEAD = 64  # the head size measured for attention whose head size is symbolic
 # how the measurements are made, in the cache file's name: a change to what a value means
 # (not only to the kernels measured) measures again. 2: the row kernel timed with the machine's
 # chunk, after the model's weight traffic
 METHOD = 2
-STREAMED = 1 << 62  # weight traffic (`weight_traffic`) of weights that stream from memory
 BUSY = 0.1  # other processes' share of this process's cores above which a measurement is not kept
 _UNKEPT: dict[tuple[str, str], dict] = {}  # (file, key) -> a measurement not kept, for this process
-
-
-@dataclass(frozen=True)
-class Threshold:
-    kind: str  # one of options.THRESHOLD_KINDS
-    shape: tuple[int, ...]  # (K, N) of a linear layer; (D,) of attention
-    value: int  # the first version runs up to this size (inclusive)
-    source: str  # where the value came from, for explain
-
-    def describe(self) -> str:
-        if self.kind == "bf16_multiply":
-            from symfuse.codegen.cpu.gemm import BF16_MULTIPLY
-
-            what = f"symfuse's bf16 row kernel multiplies by {BF16_MULTIPLY.get(self.value, '?')}"
-        elif self.kind == "row_chunk":
-            what = f"symfuse's row kernel walks a weight panel {self.value} steps of K at a time"
-        elif self.kind.startswith("linear_split"):
-            k, n = self.shape
-            bf16 = " bf16" if self.kind == "linear_split_bf16" else ""
-            what = (
-                f"linear {k}->{n}: the{bf16} row kernel's threads split the weights' panels up to {self.value} rows,"
-                " the rows above"
-            )
-        elif self.kind.startswith("linear_rows"):
-            k, n = self.shape
-            bf16 = " bf16" if self.kind == "linear_rows_bf16" else ""
-            what = f"linear {k}->{n}: symfuse's{bf16} row kernel up to {self.value} rows, oneDNN{bf16} above"
-        elif self.kind.startswith("linear_library"):
-            k, n = self.shape
-            bf16 = " bf16" if self.kind == "linear_library_bf16" else ""
-            what = f"linear {k}->{n}: above the{bf16} row kernel's rows, oneDNN{bf16} " + (
-                f"up to {self.value} rows, the row kernel again above up to {ROWS[-1]}, oneDNN above that"
-                if self.value < ROWS[-1]
-                else "at every size"
-            )
-        else:
-            library = self.kind.startswith("attention_keys_library")
-            other = "torch's fused attention" if library else "the three steps"
-            bf16 = " bf16" if self.kind.endswith("_bf16") else ""
-            what = f"attention{bf16}, head size {self.shape[0]}: merged kernel up to {self.value} keys, {other} above"
-        return f"{what} ({self.source})"
-
-
-def weight_traffic(linear_bytes: int, target: Target) -> int:
-    """The bytes that pass through the caches between two calls of a linear layer in a model
-    whose linear weights take `linear_bytes`, as its switch points are measured: those weights
-    rounded up to a power of two MiB (models of about one size share a measurement), at least
-    twice the L2 cache of every core (the layers in between have taken it); above the L3 cache
-    the weights stream from memory (`STREAMED`)."""
-    if linear_bytes > target.l3:
-        return STREAMED
-    return max(least_traffic(target), 1 << max(20, (linear_bytes - 1).bit_length()))
-
-
-def least_traffic(target: Target) -> int:
-    """The bytes passed through the caches before every timed call of a linear layer at the
-    least: twice the L2 cache of every core (the layers in between have taken it)."""
-    return 2 * target.l2 * target.cores
-
-
-def traffic_words(traffic: int, target: Target) -> str:
-    """A measurement's weight traffic in words, for its key and for `explain` ("" where it is
-    the least: twice the L2 cache of every core)."""
-    if traffic == STREAMED:
-        return "streamed"
-    return f"through {traffic >> 20} MiB" if traffic > least_traffic(target) else ""
-
-
-def by_hand(kind: str, shape: tuple[int, ...], manual: dict[str, int]) -> Threshold | None:
-    """The switch point `kind` as the thresholds set by hand (`manual`) make it, or None where
-    they leave it to measuring. With the row kernel's rows set by hand and no band, oneDNN
-    runs at every size above them (no band)."""
-    if kind in manual:
-        return Threshold(kind, shape, manual[kind], BY_HAND)
-    rows = rows_kind(kind)
-    if kind.startswith("linear_library") and rows in manual:
-        return Threshold(kind, shape, ROWS[-1], f"{rows} {BY_HAND}")
-    return None
 
 
 class Calibration:
@@ -174,9 +108,6 @@ class Calibration:
         """One file per target, CPU, library limits and version of the kernels measured: a
         change to symfuse's kernels (a new tile, say) measures again."""
         if not self._path:
-            from symfuse.codegen.compile import generate
-            from symfuse.codegen.cpu.gemm import bf16_multiplies, chunk_choices, has_bf16_rows
-
             source = generate(*canonical_attention(), self.target).source
             if has_bf16_rows(self.target):  # each way of multiplying: its row kernel and merged attention
                 for m in bf16_multiplies(self.target):
@@ -269,8 +200,6 @@ class Calibration:
         if kind == "row_chunk":
             return self._chunk()
         if kind == "bf16_multiply":  # 48 rows of a 768x768 layer, weights hot: the multiply's rate
-            from symfuse.codegen.cpu.gemm import bf16_multiplies
-
             best, timings = 0, {}
             setup_best, run_best, _, _, _ = self._linear(768, 768, False, bf16=True, multiply=0)
             setup_best(48)
@@ -283,8 +212,6 @@ class Calibration:
                     best, run_best = way, run
             return best, timings
         if kind.startswith("linear_split"):  # the row kernel's threads on panels, then on rows
-            from symfuse.codegen.cpu.gemm import tile_for
-
             # the two are the same kernel while there is one block of rows (AMX: 16), or one thread
             bf16 = kind == "linear_split_bf16"
             same = 16 if bf16 and self.multiply() == 2 else tile_for(self.target).rows
@@ -312,18 +239,20 @@ class Calibration:
         library, bf16 = kind.startswith("attention_keys_library"), kind.endswith("_bf16")
         return _switch_point(KEYS, *self._attention(shape[0], library, bf16))
 
-    def kernels(self, precision: str = "fp32"):
-        """The canonical attention program for this target (it carries the GEMM kernel too)."""
+    def kernels(self, precision: str = "fp32") -> Backend:
+        """The canonical attention program for this target (it carries the GEMM kernel too),
+        every switch point at 0; built as measured, or as set by hand (the bf16 multiply
+        shapes the merged kernel in bf16, the chunk the row kernel)."""
         if precision not in self._kernels:
-            from symfuse.codegen.compile import compile_program
-
             graph, store = canonical_attention()
-            # every switch point at 0; how kernels are built as measured, or as set by hand (the
-            # bf16 multiply shapes the merged kernel in bf16, the chunk the row kernel)
-            zero = tuple((k, 0) for k in SWITCH_KINDS)
-            by_hand = tuple((k, v) for k, v in self.manual.items() if k in BUILD_KINDS)
-            forced = replace(self.opts, thresholds=zero + by_hand, dump_dir="", precision=precision)
-            self._kernels[precision] = compile_program(graph, store, forced, target=self.target, force_precision=True)
+            multiply = self.get("bf16_multiply", ()) if precision == "bf16" and has_bf16_rows(self.target) else None
+            gen = generate(graph, store, self.target, precision, multiply, lambda: self.get("row_chunk", ()))
+            built = build_generated(gen, graph, self.target, replace(self.opts, dump_dir=""))
+            zero = {name: Threshold(kind, shape, 0, BY_HAND) for name, (kind, shape) in gen.host.thresholds.items()}
+            program = make_program(gen, built, len(store.symbols), zero)
+            self._kernels[precision] = Backend(
+                program, self.target, zero, gen.host, gen.gathers, gen.tile, built.cached, {}, gen
+            )
         return self._kernels[precision]
 
     # the layers the chunk is timed on: (K, N, rows, weight traffic)
@@ -335,7 +264,6 @@ class Calibration:
         panels): 128 rows of a 256->1024 layer with its weights in cache (bert-small's FFN) and
         16 rows of a 768->3072 layer streaming them from memory (BERT-base's); a choice is taken
         where the product of its two time ratios is below 1."""
-        from symfuse.codegen.cpu.gemm import chunk_choices
 
         choices = chunk_choices(self.target)
         built = {c: tuple(row_kernel(self.target, self.opts, split=s, chunk=c) for s in (False, True)) for c in choices}
@@ -385,7 +313,6 @@ class Calibration:
         leaves it (the row kernel with its threads on rows reads its own rows then, and made
         bert-small and BERT-base at 128 rows 11% faster in the model; on freshly made inputs
         it measured -1 to +15% layer by layer)."""
-        from symfuse.codegen.cpu.gemm import pack_panels, tile_for
 
         if kernel is not None:  # (threads on panels, threads on rows) of a row kernel built for the purpose
             rows_fn, split_fn = kernel
@@ -452,8 +379,6 @@ class Calibration:
         if self._helper_lib is None:
             import ctypes
 
-            from symfuse.codegen.cpu.build import build
-
             source = (
                 "#include <cstdint>\n#include <omp.h>\n"
                 'extern "C" void sf_rewrite(uint32_t* words, int64_t n, uint32_t x) {\n'
@@ -470,7 +395,8 @@ class Calibration:
 
     def _attention(self, d: int, library: bool, bf16: bool = False):
         be = self.kernels("bf16" if bf16 else "fp32")
-        step = next(s for s in be.attention_steps if (s.library is not None) == library)
+        steps = [s for s in be.schedule.steps if isinstance(s, AttentionStep)]
+        step = next(s for s in steps if (s.library is not None) == library)
         name = be.host_thresholds[step.name]
         prog = be.program
         gen = torch.Generator().manual_seed(0)
@@ -542,11 +468,6 @@ def row_kernel(
     for `tile_for`'s), typed for ctypes."""
     import ctypes
 
-    from symfuse.codegen.cpu.build import build
-    from symfuse.codegen.cpu.c import preamble
-    from symfuse.codegen.cpu.gemm import gemm_source, tile_for
-    from symfuse.runtime.program import linear_rows
-
     path, _, _ = build(preamble(target) + gemm_source(tile_for(target, chunk), bf16, multiply), target, opts)
     name = "sf_linear_rows_bf16" if bf16 else "sf_linear_rows"
     return linear_rows(ctypes.CDLL(path), name + "_split" if split else name)
@@ -592,8 +513,6 @@ def canonical_attention():
     """Attention over symbolic B, H, S, D twice: scale + padding mask + safe softmax (what
     torch's fused attention computes) and scale + additive bias + softmax (a row kernel it
     does not express)."""
-    from symfuse.ir.dtypes import DType
-    from symfuse.shape.infer import GraphBuilder
 
     b = GraphBuilder("canonical_attention")
     B, H, S, D = (b.store.declare(n) for n in "BHSD")

@@ -17,26 +17,12 @@ the merged attention kernel's GEMM.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from symfuse.codegen.cpu.target import Target
+from symfuse.runtime.code import Tile
+from symfuse.runtime.target import Target
 
 ACTIVATIONS = {"none": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3, "tanh": 4, "sigmoid": 5, "swish": 6}
-
-
-@dataclass(frozen=True)
-class Tile:
-    rows: int  # rows of A per micro-kernel call (MR)
-    vectors: int  # vectors of output columns per row (NV)
-    lanes: int  # floats per vector
-    chunk: int = 128  # steps of K the row GEMM takes from a panel at a time (KC)
-
-    @property
-    def panel(self) -> int:
-        """Output columns per packed weight panel."""
-        return self.vectors * self.lanes
 
 
 def tile_for(target: Target, chunk: int = 0) -> Tile:
@@ -98,7 +84,6 @@ def has_bf16_rows(target: Target) -> bool:
 
 
 # how the bf16 row kernel multiplies (the value of calibration kind "bf16_multiply")
-BF16_MULTIPLY = {0: "vdpbf16ps", 1: "FMA on weights widened to float32", 2: "AMX tiles (tdpbf16ps)"}
 
 
 def bf16_multiplies(target: Target) -> tuple[int, ...]:

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import sympy
 
-from symfuse.codegen.cpu.c import CTYPE, STORAGE, CodegenError, cidx, literal, team_entry
+from symfuse.codegen.cpu.c import CTYPE, STORAGE, cidx, literal, team_entry
+from symfuse.errors import CodegenError
 from symfuse.ir.dims import Dim, dim, fmt_shape
 from symfuse.ir.dtypes import DType
 from symfuse.ops.elementwise import LIBM_BINARY, LIBM_UNARY

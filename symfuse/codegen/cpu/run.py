@@ -15,22 +15,18 @@ before the call, so `sf_run` has one version of each step and nothing to fall ba
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
 import sympy
 
 from symfuse.codegen.cpu.c import cidx
 from symfuse.codegen.cpu.gemm import activation_code
+from symfuse.codegen.host import HostGenerator
 from symfuse.ir.dtypes import DType
 from symfuse.options import split_kind, threshold_name
 from symfuse.runtime.call import MAX_ARGS
+from symfuse.runtime.code import RunCode
 from symfuse.schedule.attention import AttentionStep
 from symfuse.schedule.layout import as_matrix
 from symfuse.schedule.steps import GemmStep, NativeStep
-
-if TYPE_CHECKING:
-    from symfuse.codegen.host import _Host
 
 _ADDR = """\
 // an address the host holds as an integer, passed as whichever pointer a kernel takes
@@ -41,20 +37,12 @@ struct sf_addr {
 """
 
 
-@dataclass
-class RunCode:
-    source: str  # C++: sf_addr and sf_run
-    params: list[str]  # the Python host's arguments after (sym, ws, th, ca): inputs', then outputs' addresses
-    constants: list[str] = field(default_factory=list)  # ca[i]: the address of this namespace name
-    thresholds: list[str] = field(default_factory=list)  # th[i]: this switch point's value
-
-
 class NotNative(Exception):
     """A step with no version in the library (a library GEMM, an op run by torch)."""
 
 
 class _Run:
-    def __init__(self, h: _Host, outputs: list[str]) -> None:
+    def __init__(self, h: HostGenerator, outputs: list[str]) -> None:
         self.h, self.outputs = h, outputs
         self.code = RunCode("", [])
 
@@ -162,7 +150,7 @@ class _Run:
         return self.code
 
 
-def native_run(h: _Host, outputs: list[str]) -> tuple[RunCode | None, str]:
+def native_run(h: HostGenerator, outputs: list[str]) -> tuple[RunCode | None, str]:
     """`sf_run` for the host `h` (its steps generated and its memory planned), the buffers
     `outputs` allocated by the host code and passed in; None and why where some step has no
     version in the library at any binding."""

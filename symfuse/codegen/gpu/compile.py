@@ -21,18 +21,20 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
-from symfuse.codegen.compile import dump_stages, share
-from symfuse.codegen.cpu.build import cache_folder
-from symfuse.codegen.cpu.c import CodegenError
+from symfuse.codegen.cache import cache_folder
 from symfuse.codegen.gpu.kernel import PRELUDE, TritonSource, emit_triton
-from symfuse.codegen.host import HostCode, _Host, opaque_functions
+from symfuse.codegen.host import HostGenerator, opaque_functions
 from symfuse.codegen.precision import PRECISIONS, cast_boundary, half_storage
+from symfuse.codegen.stages import dump_stages, share
+from symfuse.errors import CodegenError
 from symfuse.fusion.plan import Plan, plan
 from symfuse.ir.dtypes import DType
 from symfuse.ir.graph import Graph
 from symfuse.options import Options
+from symfuse.runtime.code import HostCode
 from symfuse.runtime.gpu import GpuProgram
 from symfuse.schedule.attention import AttentionStep, find_step, merge_attention
+from symfuse.schedule.layout import View
 from symfuse.schedule.steps import GemmStep, NativeStep, Schedule
 from symfuse.schedule.steps import build as build_schedule
 from symfuse.shape.store import ShapeStore
@@ -40,16 +42,15 @@ from symfuse.te.analysis import analyse
 from symfuse.te.lower import TEProgram, lower
 
 
-class _GpuHost(_Host):
+class _GpuHost(HostGenerator):
     """Host code for the GPU: Triton launches, torch's GEMMs, the same memory plan."""
 
     native_symbols = False  # Triton kernels take `sym` itself (a device tensor)
-    whole_calls = False  # launches, not C++ kernels
 
     def native(self, st: NativeStep) -> list[str]:
         src = self.kernels.get(st.name)
         if src is None:
-            return super().native(st)
+            return self.torch_run(st)
         fn = src.function or st.name
         self.code.kernels[fn] = len(src.args)
         out = [self.alloc(n) for n in src.args[: src.n_outputs]]
@@ -91,7 +92,6 @@ class _GpuHost(_Host):
             for part in (st.scores, st.softmax, st.context):
                 out += self.gemm(part) if isinstance(part, GemmStep) else self.native(part)
             return out
-        from symfuse.schedule.layout import View
 
         q, kt, v = st.scores.a, st.scores.b, st.context.b
         k = View(kt.buffer, kt.sizes[:-2] + kt.sizes[::-1][:2], kt.strides[:-2] + kt.strides[::-1][:2], kt.offset)

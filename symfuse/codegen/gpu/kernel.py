@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from symfuse.codegen.cpu.c import CodegenError
+from symfuse.errors import CodegenError
 from symfuse.ir.dims import Dim, call_spelling, fmt_shape, render
 from symfuse.ir.dtypes import DType
 from symfuse.runtime.program import DIV_BY_ZERO
