@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Install the test dependencies and run lint and every test tier.
+# Install the test dependencies and run lint, the import layers and every test tier.
+# `bash scripts/test.sh quick` runs the unit tier alone (no C++ compiler, about a minute).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
-# the aarch64 kernel tests cross-compile and run under qemu-user (tests/test_emulated.py)
+if [ "${1:-}" = quick ]; then
+  exec .venv/bin/python -m pytest -q -rs tests/unit
+fi
+# the aarch64 kernel tests cross-compile and run under qemu-user (tests/cpu/test_emulated.py)
 if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "installing g++-aarch64-linux-gnu and qemu-user for the aarch64 kernel tests"
@@ -16,7 +20,10 @@ if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/
   fi
 fi
 .venv/bin/ruff check symfuse tests bench
-echo "== tier: unit"
-.venv/bin/python -m pytest -q -m "not models"
+.venv/bin/lint-imports --no-cache
+echo "== tier: unit (no C++ compiler)"
+.venv/bin/python -m pytest -q -rs tests/unit
+echo "== tier: cpu and gpu (the C++ toolchain; Triton's interpreter without a GPU)"
+.venv/bin/python -m pytest -q -rs -m "not models" tests/cpu tests/gpu
 echo "== tier: models"
-.venv/bin/python -m pytest -q -m models
+.venv/bin/python -m pytest -q -rs -m models tests

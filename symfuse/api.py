@@ -10,8 +10,7 @@ import torch.utils._pytree as pytree
 
 from symfuse.codegen.cpu.compile import compile_program
 from symfuse.codegen.gpu.compile import compile_gpu
-from symfuse.frontend import Captured, capture
-from symfuse.frontend.onnx import capture_onnx, is_onnx
+from symfuse.frontend import Captured, capture, is_onnx
 from symfuse.ir.verify import verify
 from symfuse.options import Options
 from symfuse.passes import PIPELINE
@@ -121,6 +120,10 @@ def compile(  # noqa: A001
     if is_onnx(model):
         if example_inputs is not None:
             raise ValueError("an ONNX model needs no example inputs; pass `dynamic` to rename or bound its dims")
+        try:
+            from symfuse.frontend.onnx import capture_onnx  # (onnx is an extra: only this road needs it)
+        except ImportError as e:
+            raise ImportError(f"compiling an ONNX model needs the onnx package: pip install symfuse[onnx] ({e})") from e
         captured = capture_onnx(model, dynamic)
     elif isinstance(model, torch.nn.Module):
         if example_inputs is None:

@@ -108,7 +108,7 @@ PRECISION_HELP = "fp32 or bf16 (bfloat16 weights and intermediates; fp32 where t
 def _compile_model(model: str, dynamic_flags: list[str] | None, precision: str = "fp32"):
     """A built-in model's name or an ONNX file, compiled; returns (name, module, example binding)."""
     import symfuse
-    from symfuse.frontend.onnx import is_onnx
+    from symfuse.frontend import is_onnx
     from symfuse.models import load
 
     dynamic = parse_dynamic_flags(dynamic_flags)

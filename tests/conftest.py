@@ -1,3 +1,4 @@
+import importlib.util
 import math
 import os
 import shutil
@@ -35,3 +36,42 @@ def rel_err(a, b) -> float:
 @pytest.fixture
 def seeded():
     torch.manual_seed(0)
+
+
+# -- tiers and skips ---------------------------------------------------------------------
+# tests/models/ is the slow tier (`-m models`), tests/gpu/ needs Triton (its device tests a GPU)
+_TIER_MARKS = {"models": pytest.mark.models}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = item.path.parent.name if item.path.parent.parent.name == "tests" else ""
+        if tier in _TIER_MARKS:
+            item.add_marker(_TIER_MARKS[tier])
+
+
+# tests a CI machine that can run them must not skip: (file, what the machine needs, how to tell)
+_MUST_RUN = (
+    ("test_emulated.py", "qemu-aarch64 and aarch64-linux-gnu-g++",
+     lambda: bool(shutil.which("qemu-aarch64") and shutil.which("aarch64-linux-gnu-g++"))),
+    ("test_gpu.py", "triton (its interpreter)", lambda: importlib.util.find_spec("triton") is not None),
+)  # fmt: skip
+_skipped: list[tuple[str, str]] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and any(report.nodeid.split("::")[0].endswith(f) for f, _, _ in _MUST_RUN):
+        _skipped.append((report.nodeid, str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """In CI, a skip of a test this machine can run fails the run: an emulated-CPU or
+    interpreter test that skips silently would leave a backend untested."""
+    if not os.environ.get("CI"):
+        return
+    bad = [(n, why) for n, why in _skipped for f, _, can in _MUST_RUN if n.split("::")[0].endswith(f) and can()]
+    if bad:
+        print(f"\nCI: {len(bad)} test(s) skipped on a machine that can run them:")
+        for n, why in bad[:20]:
+            print(f"  {n}: {why}")
+        session.exitstatus = 1

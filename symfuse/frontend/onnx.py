@@ -44,13 +44,6 @@ MIN_OPSET = 13
 _STD_DOMAINS = ("", "ai.onnx")
 
 
-def is_onnx(model: Any) -> bool:
-    """`model` is an ONNX model: a ModelProto or a path to a `.onnx` file."""
-    if isinstance(model, onnx.ModelProto):
-        return True
-    return isinstance(model, (str, os.PathLike)) and str(model).lower().endswith(".onnx")
-
-
 def load_model(model: Any) -> onnx.ModelProto:
     """The model as a checked ModelProto at opset 13 or newer, with local functions inlined."""
     if isinstance(model, onnx.ModelProto):
@@ -354,4 +347,4 @@ def capture_onnx(model: Any, dynamic: Any = None) -> Captured:
     return captured
 
 
-__all__ = ["capture_onnx", "check_supported", "is_onnx", "load_model"]
+__all__ = ["capture_onnx", "check_supported", "load_model"]

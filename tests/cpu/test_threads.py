@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from symfuse.runtime.program import NativeIndexError
-from tests.reliability_models import compile_encoder, encoder_inputs
+from tests.support.reliability_models import compile_encoder, encoder_inputs
 
 SHAPES = [(1, 1), (2, 7), (3, 16), (1, 13), (4, 5), (2, 32)]
 

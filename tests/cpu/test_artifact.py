@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import symfuse
-from symfuse.runtime.artifact import ArtifactError, read_safetensors, write_safetensors
 from symfuse.cli import main
 from symfuse.models import load as load_case
+from symfuse.runtime.artifact import ArtifactError, read_safetensors, write_safetensors
 from symfuse.runtime.switches import ROWS
 from tests.conftest import rel_err
 

@@ -1,8 +1,8 @@
 import pytest
 
 from symfuse.ir.dims import dmin, floordiv, sym
-from symfuse.shape.store import Origin, ShapeError, ShapeStore
 from symfuse.ir.tri import Tri
+from symfuse.shape.store import Origin, ShapeError, ShapeStore
 
 ORIGIN = Origin("test")
 

@@ -202,7 +202,7 @@ class SpecialValues(torch.nn.Module):
 def test_float_rounding_and_remainders_at_large_and_special_values():
     """trunc of floats past int64's range (it went through int64: -9.2e18), inf and NaN;
     fmod by 0 (NaN); -inf to a fractional power (as C's pow); torch's floor division."""
-    from tests.test_capture import float_division_operands
+    from tests.cpu.test_capture import float_division_operands
 
     m = SpecialValues()
     gen = torch.Generator().manual_seed(0)
@@ -342,7 +342,7 @@ for name in sys.argv[1:]:
 def test_every_kernel_compiles_for_sm90_ahead_of_time(models, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["SYMFUSE_CACHE_DIR"] = str(tmp_path)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, "-c", _AOT, *models], env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]

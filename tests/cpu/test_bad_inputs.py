@@ -6,7 +6,7 @@ import torch
 
 import symfuse
 from symfuse.runtime.program import NativeIndexError
-from tests.reliability_models import compile_encoder, encoder_inputs
+from tests.support.reliability_models import compile_encoder, encoder_inputs
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,13 @@ import torch
 
 import symfuse
 from symfuse.api import compile_captured
-from symfuse.codegen.compile import compile_program, generate
 from symfuse.codegen.cpu import target as tg
 from symfuse.codegen.cpu.build import build
 from symfuse.codegen.cpu.c import preamble
 from symfuse.codegen.cpu.calibrate import canonical_attention, row_kernel
+from symfuse.codegen.cpu.compile import compile_program
 from symfuse.codegen.cpu.gemm import ACTIVATIONS, chunk_choices, gemm_source, pack_panels, tile_for
+from symfuse.codegen.cpu.generate import generate
 from symfuse.options import SWITCH_KINDS, Options
 from symfuse.reference import ReferenceExecutor
 from symfuse.runtime.switches import ROWS
@@ -167,7 +168,7 @@ def merged_attention_cases(isa, options, shapes, all_padding=True, force_precisi
         limit = 1 << 20 if merged else 0
         target = tg.detect("g++", isa)
         be = compile_program(graph, store, options(limit), target=target, force_precision=force_precision)
-        assert all(be.limit(s) == limit for s in be.attention_steps)
+        assert all(be.limit(s) == limit for s in be.schedule.steps if isinstance(s, AttentionStep))
         for b, h, s, d in shapes:
             q, k, v = (torch.randn(b, h, s, d, generator=gen) for _ in range(3))
             mask = torch.rand(b, 1, 1, s, generator=gen) > 0.3

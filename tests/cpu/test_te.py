@@ -9,7 +9,7 @@ from symfuse.shape.infer import GraphBuilder
 from symfuse.te.interp import run_program
 from symfuse.te.ir import TE, Opaque
 from symfuse.te.lower import lower
-from tests.test_ops import BINDINGS, one_op_graph
+from tests.unit.test_ops import BINDINGS, one_op_graph
 
 LOWERED = sorted(name for name, op in ops.REGISTRY.items() if op.lower is not None)
 

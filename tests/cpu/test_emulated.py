@@ -19,15 +19,15 @@ import sys
 import pytest
 import torch
 
-from symfuse.codegen.compile import generate
 from symfuse.codegen.cpu import target as tg
 from symfuse.codegen.cpu.calibrate import canonical_attention
 from symfuse.codegen.cpu.gemm import ACTIVATIONS, pack_panels, tile_for
+from symfuse.codegen.cpu.generate import generate
 from symfuse.codegen.cpu.lstm import LSTM_SOURCE
 from symfuse.ir.dims import evaluate
 from symfuse.reference import ReferenceExecutor
 from tests.conftest import rel_err
-from tests.test_isa import ACTS
+from tests.cpu.test_isa import ACTS
 
 # name: (architecture, compiler, emulator command, the ISA detection must find)
 MACHINES = {

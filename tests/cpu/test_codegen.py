@@ -9,15 +9,15 @@ import torch
 
 import symfuse
 from symfuse import ops
-from symfuse.codegen.compile import compile_program
+from symfuse.codegen.cpu.compile import compile_program
 from symfuse.options import Options
 from symfuse.reference import ReferenceExecutor
 from symfuse.schedule.layout import address, affine, fold_div_mod, reorder_for
 from symfuse.schedule.steps import NativeStep, OpaqueStep
 from tests.conftest import rel_err
-from tests.fusion_checks import assert_explain_per_layer
-from tests.test_isa import RUNNABLE
-from tests.test_ops import BINDINGS, CASES, one_op_graph
+from tests.cpu.test_isa import RUNNABLE
+from tests.support.fusion_checks import assert_explain_per_layer
+from tests.unit.test_ops import BINDINGS, CASES, one_op_graph
 
 LOWERED = sorted(name for name, op in ops.REGISTRY.items() if op.lower is not None)
 NO_CPP = {"cast"}  # its case casts to float16, which the C++ generator leaves to torch
@@ -369,8 +369,8 @@ def test_merged_attention_normalises_each_output_row_late(tmp_path, safe):
 
 
 def test_kernels_equal_up_to_value_names_share_one_function():
-    from symfuse.codegen.compile import share
     from symfuse.codegen.cpu.kernel import KernelSource
+    from symfuse.codegen.stages import share
 
     def kernel(name, out, x, scale):
         src = (

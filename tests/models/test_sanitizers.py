@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent(
             got = c(**x)
             assert rel_err(got, want) < 1e-4, (name, b)
             ran += 1
-    from tests.fuzz.corpus import run_corpus
+    from tests.cpu.fuzz.corpus import run_corpus
     ran += run_corpus()
     print("SANITIZED RUNS", ran)
     """

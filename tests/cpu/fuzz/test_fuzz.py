@@ -1,13 +1,13 @@
 """Differential fuzzing: random programs of registry ops over symbolic shapes, each batch
 compiled once and run at B, S in (1, 1), (3, 7), (2, 16), (5, 33), (2, 130) against eager
 torch and the reference executor. CI runs 30 batches of 10 programs from a fixed seed
-(hypothesis, derandomized); the long run is `python -m tests.fuzz.corpus 10000`."""
+(hypothesis, derandomized); the long run is `python -m tests.cpu.fuzz.corpus 10000`."""
 
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fuzz.corpus import check_batch, mismatch, programs_for
+from tests.cpu.fuzz.corpus import check_batch, mismatch, programs_for
 
 
 @settings(max_examples=30, deadline=None, derandomize=True, database=None,
@@ -37,7 +37,7 @@ def test_ill_conditioned_programs_are_judged_against_float64():
     """cos(exp(x)) for exp near 3000: a last-bit difference in exp moves cos by 1e-4, in
     eager too. Such a result passes when it is as close to float64 as eager is; a real
     error does not."""
-    from tests.fuzz.corpus import as_accurate
+    from tests.cpu.fuzz.corpus import as_accurate
 
     x = torch.linspace(7.0, 8.0, 1000)
     exact = torch.cos(torch.exp(x.double()))

@@ -8,9 +8,9 @@ import torch
 
 import symfuse
 from symfuse.ir.dims import sym
+from symfuse.ir.tri import Tri
 from symfuse.models import load
 from symfuse.shape.infer import reinfer
-from symfuse.ir.tri import Tri
 from tests.conftest import rel_err
 
 pytestmark = pytest.mark.models
@@ -105,7 +105,7 @@ def test_gpt2_causal_mask_is_tied_to_the_sequence():
 
 
 def test_bert_base_fusion_plan_per_layer():
-    from tests.fusion_checks import assert_bert_execution, assert_bert_layers, assert_explain_per_layer
+    from tests.support.fusion_checks import assert_bert_execution, assert_bert_layers, assert_explain_per_layer
 
     _, c = compiled("bert-base")
     assert_bert_layers(c, 12)

@@ -1,6 +1,6 @@
 """Compile batches of random programs once and run them at several bindings against eager
 torch and symfuse's reference executor. `run_corpus` is the fixed-seed corpus CI and the
-sanitizer tier run; `python -m tests.fuzz.corpus N` is the long run (docs/reliability.md)."""
+sanitizer tier run; `python -m tests.cpu.fuzz.corpus N` is the long run (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 import torch
 
 import symfuse
-from tests.fuzz.programs import Program, ProgramModule, dynamic_spec, generate, make_inputs
+from tests.cpu.fuzz.programs import Program, ProgramModule, dynamic_spec, generate, make_inputs
 
 BINDINGS = [dict(B=1, S=1), dict(B=3, S=7), dict(B=2, S=16), dict(B=5, S=33), dict(B=2, S=130)]
 EXAMPLE = dict(B=2, S=5)

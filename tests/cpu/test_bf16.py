@@ -14,10 +14,11 @@ import torch.nn.functional as F
 
 import symfuse
 from symfuse.api import compile_captured
-from symfuse.codegen.compile import compile_program, generate
 from symfuse.codegen.cpu import target as tg
 from symfuse.codegen.cpu.calibrate import canonical_attention, row_kernel
+from symfuse.codegen.cpu.compile import compile_program
 from symfuse.codegen.cpu.gemm import ACTIVATIONS, bf16_multiplies, has_bf16_rows, pack_panels, tile_for
+from symfuse.codegen.cpu.generate import generate
 from symfuse.codegen.precision import cpu_bf16_missing
 from symfuse.ir.dtypes import DType
 from symfuse.options import SWITCH_KINDS, Options
@@ -25,7 +26,7 @@ from symfuse.reference import ReferenceExecutor
 from symfuse.runtime.switches import BF16_MULTIPLY, Threshold
 from symfuse.shape.infer import GraphBuilder
 from tests.conftest import rel_err
-from tests.test_isa import ACTS, ATTENTION_SHAPES, RUNNABLE, merged_attention_cases
+from tests.cpu.test_isa import ACTS, ATTENTION_SHAPES, RUNNABLE, merged_attention_cases
 
 HERE = tg.detect("g++")
 BF16_HERE = not cpu_bf16_missing(HERE, ())

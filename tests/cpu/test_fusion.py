@@ -8,7 +8,7 @@ from symfuse.models import load
 from symfuse.te.analysis import analyse, loads_through
 from symfuse.te.lower import lower
 from tests.conftest import rel_err
-from tests.fusion_checks import assert_bert_execution, assert_bert_layers, kernels_per_layer
+from tests.support.fusion_checks import assert_bert_execution, assert_bert_layers, kernels_per_layer
 
 
 def test_bert_small_layer_kernels_and_refusal_log():

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from tests.reliability_models import compile_encoder, encoder_inputs
+from tests.support.reliability_models import compile_encoder, encoder_inputs
 
 SHAPES = [(1, 1), (8, 64), (2, 7), (4, 33), (1, 128), (3, 16)]
 
