@@ -17,7 +17,7 @@ from symfuse.frontend import composite as cs
 from symfuse.frontend.composite import arg_extreme, conv_transpose2d, pad_constant
 from symfuse.ir.dims import dim, exact_quotient, product, slice_bound
 from symfuse.ir.dtypes import DType, promote
-from symfuse.ops.elementwise import LIBM_UNARY
+from symfuse.te.scalar import unary_ops
 
 aten = torch.ops.aten
 
@@ -54,14 +54,7 @@ def _dt(v) -> DType | None:
 
 # -- element-wise --------------------------------------------------------------------
 
-UNARY = {
-    aten.abs.default: "abs", aten.neg.default: "neg", aten.exp.default: "exp", aten.log.default: "log",
-    aten.sqrt.default: "sqrt", aten.rsqrt.default: "rsqrt", aten.tanh.default: "tanh",
-    aten.sigmoid.default: "sigmoid", aten.erf.default: "erf", aten.sin.default: "sin", aten.cos.default: "cos",
-    aten.reciprocal.default: "reciprocal", aten.relu.default: "relu", aten.silu.default: "silu",
-    aten.logical_not.default: "logical_not", aten.bitwise_not.default: "bitwise_not",
-    **{getattr(aten, name).default: name for name in LIBM_UNARY},
-}  # fmt: skip
+UNARY = {getattr(aten, f.name).default: f.name for f in unary_ops()}  # aten.exp.default: "exp", ...
 for _t, _op in UNARY.items():
     ATEN[_t] = lambda cv, a, _op=_op: cv.emit(_op, [cv.tensor(a["self"])])
 

@@ -24,55 +24,15 @@ from symfuse.ops.registry import (
     same_shape,
 )
 from symfuse.te.rules import arange_rule, batch_norm_rule, cast_rule, full_rule, pointwise
+from symfuse.te.scalar import FUNCTIONS, Result, unary_ops
 
 # -- unary ---------------------------------------------------------------------------
 
-_FLOAT_UNARY = {
-    "exp": torch.exp,
-    "log": torch.log,
-    "sqrt": torch.sqrt,
-    "rsqrt": torch.rsqrt,
-    "tanh": torch.tanh,
-    "sigmoid": torch.sigmoid,
-    "erf": torch.erf,
-    "sin": torch.sin,
-    "cos": torch.cos,
-    "reciprocal": torch.reciprocal,
-    "silu": F.silu,
-}
-# functions of C's <math.h> that torch and C share by name (`acosf` for float32): the CPU
-# kernel calls them as they are (the Triton backend has no portable form of them and refuses)
-LIBM_UNARY = {
-    "acos": torch.acos,
-    "asin": torch.asin,
-    "atan": torch.atan,
-    "acosh": torch.acosh,
-    "asinh": torch.asinh,
-    "atanh": torch.atanh,
-    "erfc": torch.erfc,
-}
-LIBM_BINARY = {"atan2": torch.atan2, "copysign": torch.copysign, "fmod": torch.fmod}
-_SAME_UNARY = {
-    "abs": torch.abs,
-    "neg": torch.neg,
-    "relu": torch.relu,
-    "bitwise_not": torch.bitwise_not,
-}
+_RESULT = {Result.FLOAT: float_promoted, Result.SAME: same_dtype(), Result.BOOL: fixed_dtype(DType.bool)}
 
-for _name, _fn in {**_FLOAT_UNARY, **LIBM_UNARY}.items():
-    defop(_name, Kind.ELEMENTWISE, ("x",), shape=same_shape(), dtype=float_promoted, ref=_fn, lower=pointwise(_name))
-for _name, _fn in _SAME_UNARY.items():
-    defop(_name, Kind.ELEMENTWISE, ("x",), shape=same_shape(), dtype=same_dtype(), ref=_fn, lower=pointwise(_name))
-
-defop(
-    "logical_not",
-    Kind.ELEMENTWISE,
-    ("x",),
-    shape=same_shape(),
-    dtype=fixed_dtype(DType.bool),
-    ref=torch.logical_not,
-    lower=pointwise("logical_not"),
-)
+for _f in unary_ops():  # exp, silu, abs, ... : one op per function of the vocabulary
+    defop(_f.name, Kind.ELEMENTWISE, ("x",), shape=same_shape(), dtype=_RESULT[_f.result], ref=_f.ref,
+          lower=pointwise(_f.name))  # fmt: skip
 defop(
     "gelu",
     Kind.ELEMENTWISE,
@@ -80,7 +40,7 @@ defop(
     ("approximate",),
     shape=same_shape(),
     dtype=same_dtype(),
-    ref=lambda x, approximate: F.gelu(x, approximate=approximate),
+    ref=FUNCTIONS["gelu"].ref,
     lower=pointwise("gelu"),
     doc="approximate is 'none' (erf) or 'tanh'",
 )
@@ -91,7 +51,7 @@ defop(
     ("exponent",),
     shape=same_shape(),
     dtype=lambda x, exponent: x.dtype if (x.dtype.is_float or isinstance(exponent, int)) else DType.float32,
-    ref=lambda x, exponent: torch.pow(x, exponent),
+    ref=FUNCTIONS["pow_scalar"].ref,
     lower=pointwise("pow_scalar"),
 )
 defop(
@@ -101,7 +61,7 @@ defop(
     ("min", "max"),
     shape=same_shape(),
     dtype=same_dtype(),
-    ref=lambda x, min, max: torch.clamp(x, min, max),
+    ref=FUNCTIONS["clamp"].ref,
     lower=pointwise("clamp"),
 )
 defop(
@@ -111,33 +71,14 @@ defop(
     ("dtype",),
     shape=same_shape(),
     dtype=lambda x, dtype: dtype,
-    ref=lambda x, dtype: x.to(dtype.torch),
+    ref=FUNCTIONS["cast"].ref,
     lower=cast_rule,
     bounds=lambda ctx, b, dtype: b if not dtype.is_float else None,
 )
 
 # -- binary and ternary --------------------------------------------------------------
 
-_ARITH = {
-    "add": torch.add,
-    "sub": torch.sub,
-    "mul": torch.mul,
-    "maximum": torch.maximum,
-    "minimum": torch.minimum,
-    "pow": torch.pow,
-    "bitwise_and": torch.bitwise_and,
-    "bitwise_or": torch.bitwise_or,
-}
-_COMPARE = {
-    "eq": torch.eq,
-    "ne": torch.ne,
-    "lt": torch.lt,
-    "le": torch.le,
-    "gt": torch.gt,
-    "ge": torch.ge,
-    "logical_and": torch.logical_and,
-    "logical_or": torch.logical_or,
-}
+_BINARY = [f for f in FUNCTIONS.values() if f.arity == 2 and f.result is not Result.OWN and f.name != "from_end"]
 _BROADCAST = "operands are equal after broadcast"
 
 
@@ -151,28 +92,16 @@ def _sub_bounds(ctx, a, b):
 
 _BOUNDS = {"add": _add_bounds, "sub": _sub_bounds}
 
-for _name, _fn in {**_ARITH, **_COMPARE}.items():
+for _f in _BINARY:  # add, eq, atan2, ...: one op per function of the vocabulary
     defop(
-        _name,
+        _f.name,
         Kind.ELEMENTWISE,
         ("a", "b"),
         shape=broadcast_shape,
-        dtype=promoted if _name in _ARITH else fixed_dtype(DType.bool),
-        ref=_fn,
-        bounds=_BOUNDS.get(_name),
-        lower=pointwise(_name),
-        constraints=_BROADCAST,
-    )
-
-for _name, _fn in LIBM_BINARY.items():
-    defop(
-        _name,
-        Kind.ELEMENTWISE,
-        ("a", "b"),
-        shape=broadcast_shape,
-        dtype=float_promoted,
-        ref=_fn,
-        lower=pointwise(_name),
+        dtype={**_RESULT, Result.PROMOTED: promoted}[_f.result],
+        ref=_f.ref,
+        bounds=_BOUNDS.get(_f.name),
+        lower=pointwise(_f.name),
         constraints=_BROADCAST,
     )
 
@@ -183,7 +112,7 @@ defop(
     ("rounding_mode",),
     shape=broadcast_shape,
     dtype=lambda a, b, rounding_mode: float_promoted(a, b) if rounding_mode is None else promoted(a, b),
-    ref=lambda a, b, rounding_mode: torch.div(a, b, rounding_mode=rounding_mode),
+    ref=FUNCTIONS["div"].ref,
     lower=pointwise("div"),
     constraints=_BROADCAST,
 )
@@ -193,7 +122,7 @@ defop(
     ("cond", "a", "b"),
     shape=broadcast_shape,
     dtype=lambda cond, a, b: promoted(a, b),
-    ref=torch.where,
+    ref=FUNCTIONS["where"].ref,
     lower=pointwise("where"),
     constraints=_BROADCAST,
 )

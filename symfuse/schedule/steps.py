@@ -28,9 +28,7 @@ from symfuse.schedule.layout import View, reorder_for, row_major, strided_view
 from symfuse.te.analysis import Analysis, operand, same_element
 from symfuse.te.ir import TE, Call, Load, Opaque, Reduce, Scalar, axis, substitute
 from symfuse.te.lower import TEProgram
-
-# activations oneDNN applies as a post-op of a linear layer: TE function -> oneDNN attr
-POSTOPS = {"gelu": "gelu", "relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "silu": "swish"}
+from symfuse.te.scalar import POSTOPS  # activations oneDNN applies as a linear layer's post-op
 
 
 @dataclass

@@ -10,32 +10,15 @@ from __future__ import annotations
 
 import sympy
 import torch
-import torch.nn.functional as F
 
 from symfuse import ops
 from symfuse.ir.dims import evaluate
-from symfuse.ops.elementwise import LIBM_BINARY, LIBM_UNARY
 from symfuse.reference import attr_evaluator
 from symfuse.te.ir import TE, Call, Const, Index, Load, Opaque, Reduce, Scalar
 from symfuse.te.lower import TEProgram
+from symfuse.te.scalar import FUNCTIONS
 
-FN = {
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "pow": torch.pow,
-    "maximum": torch.maximum, "minimum": torch.minimum, "exp": torch.exp, "log": torch.log,
-    "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "erf": torch.erf,
-    "sin": torch.sin, "cos": torch.cos, "reciprocal": torch.reciprocal, "silu": F.silu, "abs": torch.abs,
-    "neg": torch.neg, "relu": torch.relu, "bitwise_not": torch.bitwise_not, "logical_not": torch.logical_not,
-    "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,
-    "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or, "logical_and": torch.logical_and,
-    "logical_or": torch.logical_or, "where": torch.where,
-    "div": lambda a, b, rounding_mode=None: torch.div(a, b, rounding_mode=rounding_mode),
-    "gelu": lambda x, approximate="none": F.gelu(x, approximate=approximate),
-    "pow_scalar": lambda x, exponent: torch.pow(x, exponent),
-    "clamp": lambda x, min=None, max=None: torch.clamp(x, min, max),
-    "from_end": lambda i, n: torch.where(i < 0, i + n, i),
-    **LIBM_UNARY,
-    **LIBM_BINARY,
-}  # fmt: skip
+FN = {name: f.ref for name, f in FUNCTIONS.items()}
 REDUCE = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
 
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 import sympy
 
 from symfuse.codegen.cpu.c import CTYPE, STORAGE, cidx, literal, team_entry
+from symfuse.codegen.cpu.spell import LIBM, SPELLING, CallSite
 from symfuse.errors import CodegenError
 from symfuse.ir.dims import Dim, dim, fmt_shape
 from symfuse.ir.dtypes import DType
-from symfuse.ops.elementwise import LIBM_BINARY, LIBM_UNARY
 from symfuse.schedule.channels_last import in_step_order
 from symfuse.schedule.layout import address
 from symfuse.schedule.steps import Buffer, NativeStep
@@ -43,19 +43,7 @@ from symfuse.te.analysis import (
 )
 from symfuse.te.ir import TE, Call, Const, Index, Load, Reduce, Scalar, fmt_short, substitute
 
-_BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-_COMPARE = {
-    "eq": "==",
-    "ne": "!=",
-    "lt": "<",
-    "le": "<=",
-    "gt": ">",
-    "ge": ">=",
-    "logical_and": "&&",
-    "logical_or": "||",
-}
 _WIDE = {DType.bfloat16: DType.float32}  # what a stored type is computed in
-_UNARY_F = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "erf": "erf", "sin": "sin", "cos": "cos"}
 
 
 @dataclass
@@ -289,79 +277,23 @@ class _Emitter:
         return acc
 
     def call(self, s: Call, args: list[tuple[str, DType]]) -> str:
-        dt, ct, fn = s.dtype, CTYPE[s.dtype], s.fn
-        f = "f" if dt is DType.float32 else ""
-        params = dict(s.params)
-
-        def cast(a: tuple[str, DType]) -> str:
-            return a[0] if a[1] is dt else f"{ct}({a[0]})"
-
-        if fn in _BINARY:
-            rm = params.get("rounding_mode")
-            a, b = cast(args[0]), cast(args[1])
-            if fn == "div" and not dt.is_float:  # floor or trunc: checked for a zero divisor
-                checked = "sf_ifloordiv" if rm == "floor" else "sf_idiv"
-                return f"{checked}<{ct}>({a}, {b}, {self.site(f'an integer division in {self.step.name}')})"
-            if fn == "div" and rm == "floor":
-                return f"floor{f}({a} / {b})"
-            if fn == "div" and rm == "trunc":
-                return f"trunc{f}({a} / {b})"
-            if fn == "div" and dt.is_float and args[1][0] in self.row_scalars:  # a softmax's sum, say
-                return f"({a} * ({ct}(1) / {b}))"  # one division a row, hoisted; within an ulp, as ATen does
-            return f"({a} {_BINARY[fn]} {b})"
-        if fn in _COMPARE:
-            return f"({args[0][0]} {_COMPARE[fn]} {args[1][0]})"
-        if fn == "from_end":  # a gathered index used as a value (an arange read at it): checked all the same
+        if s.fn == "from_end":  # a gathered index used as a value (an arange read at it): checked all the same
             what = gather_site(s, 0, None, s.args[1].expr, self.step.name)[2]
             return self.checked(args[0][0], args[1][0], True, what)
-        if fn in ("maximum", "minimum"):
-            return f"{'sf_' + fn if dt.is_float else 'std::' + fn[:3]}<{ct}>({cast(args[0])}, {cast(args[1])})"
-        if fn in ("bitwise_and", "bitwise_or"):
-            return f"({args[0][0]} {'&' if fn == 'bitwise_and' else '|'} {args[1][0]})"
-        if fn == "where":
-            if _reads_memory(s.args[0]):  # a data-dependent mask: both sides are in range, select without a branch
-                return f"sf_select<{ct}>({args[0][0]}, {cast(args[1])}, {cast(args[2])})"
-            return f"({args[0][0]} ? {cast(args[1])} : {cast(args[2])})"  # an index guard (concat): lazy
-        if fn == "cast":
-            return f"{ct}({args[0][0]})"
-        x = cast(args[0]) if args else ""
-        if fn in ("exp", "erf") and dt is DType.float32:
-            return f"sf_{fn}f({x})"
-        if fn in _UNARY_F:
-            return f"{_UNARY_F[fn]}{f}({x})"
-        if fn in LIBM_UNARY or fn in LIBM_BINARY:
-            return f"{fn}{f}({', '.join(cast(a) for a in args)})"
-        if fn == "pow":
-            return f"pow{f}({x}, {cast(args[1])})"
-        if fn == "pow_scalar":
-            e = params["exponent"]
-            if e in (2, 3):
-                return "(" + " * ".join([x] * int(e)) + ")"
-            return f"sqrt{f}({x})" if e == 0.5 else f"pow{f}({x}, {literal(e, dt)})"
-        one = literal(1.0, dt) if dt.is_float else "1"
-        table = {
-            "rsqrt": f"({one} / sqrt{f}({x}))",
-            "reciprocal": f"({one} / {x})",
-            "sigmoid": f"({one} / ({one} + {'sf_expf' if f else 'exp'}(-{x})))",
-            "silu": f"({x} / ({one} + {'sf_expf' if f else 'exp'}(-{x})))",
-            "abs": f"std::abs({x})" if dt is not DType.bool else x,
-            "neg": f"(-{x})",
-            "relu": f"std::max<{ct}>({x}, {ct}(0))",
-            "logical_not": f"(!{args[0][0]})",
-            "bitwise_not": f"(!{x})" if dt is DType.bool else f"(~{x})",
-        }
-        if fn in table:
-            return table[fn]
-        if fn == "gelu" and dt is DType.float32:
-            return f"sf_gelu_{'tanh' if params.get('approximate') == 'tanh' else 'erf'}({x})"
-        if fn == "clamp":
-            out = x
-            if params.get("min") is not None:
-                out = f"std::max<{ct}>({out}, {literal(params['min'], dt)})"
-            if params.get("max") is not None:
-                out = f"std::min<{ct}>({out}, {literal(params['max'], dt)})"
-            return out
-        raise CodegenError(f"no C for {fn} on {dt}")
+        spell = SPELLING.get(s.fn)
+        site = CallSite(
+            s.fn,
+            s.dtype,
+            args,
+            dict(s.params),
+            lambda what: self.site(f"{what} in {self.step.name}"),
+            self.row_scalars,
+            s.fn == "where" and _reads_memory(s.args[0]),
+        )
+        code = spell(site) if spell else None
+        if code is None:
+            raise CodegenError(f"no C for {s.fn} on {s.dtype}")
+        return code
 
     # -- the kernel -----------------------------------------------------------------------
     def prepare(self, outs: list[str]) -> list[str]:
@@ -586,7 +518,7 @@ def _calls_libm(s: Scalar) -> bool:
     """Does `s` call a libm function (scalar on targets without a vector math library)?"""
     if isinstance(s, Call):
         own = s.fn == "sqrt" or (s.fn in ("exp", "erf") and s.dtype is DType.float32)  # an instruction, or c.py's
-        libm = s.fn in _UNARY_F or s.fn in LIBM_UNARY or s.fn in LIBM_BINARY or s.fn == "pow"
+        libm = s.fn in LIBM
         return (libm and not own) or any(_calls_libm(a) for a in s.args)
     if isinstance(s, Load):
         return any(not isinstance(i, sympy.Expr) and _calls_libm(i) for i in s.index)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
+from symfuse.codegen.gpu.spell import SPELLING, CallSite, literal
 from symfuse.errors import CodegenError
 from symfuse.ir.dims import Dim, call_spelling, fmt_shape, render
 from symfuse.ir.dtypes import DType
@@ -46,10 +47,6 @@ TL = {
 # values stored in half precision are computed in float32 (as torch's own kernels do)
 _WIDE = {DType.float16: DType.float32, DType.bfloat16: DType.float32}
 
-_BINARY = {"add": "+", "sub": "-", "mul": "*"}
-_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
-_UNARY = {"exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt", "rsqrt": "tl.rsqrt", "sin": "tl.sin",
-          "cos": "tl.cos", "erf": "tl.erf", "sigmoid": "tl.sigmoid", "abs": "tl.abs", "tanh": "sf_tanh"}  # fmt: skip
 _IDENTITY = {"sum": "0", "max": 'float("-inf")', "min": 'float("inf")'}
 
 # helpers every kernel module starts with (pure Triton: they run in the interpreter too)
@@ -101,19 +98,6 @@ _ROW, _COL = "R", "C"  # the tile's two axes: rows, and the chunk of the last di
 
 
 TRITON_INDEX = call_spelling("sf_floordiv", "tl.{f}imum", CodegenError)
-
-
-def literal(v, dt: DType) -> str:
-    if dt is DType.bool:
-        return "1" if v else "0"
-    if not dt.is_float:
-        return str(int(v))
-    v = float(v)
-    if v != v:
-        return 'float("nan")'
-    if v in (float("inf"), float("-inf")):
-        return f'float("{"" if v > 0 else "-"}inf")'
-    return repr(v)
 
 
 @dataclass
@@ -382,92 +366,27 @@ class _Emitter:
         return f"[BLOCK_R, {'BLOCK' if _COL in ax else 1}]"
 
     def call(self, s: Call, ctx: _Ctx) -> str:
-        dt, fn, params = s.dtype, s.fn, dict(s.params)
-        if fn == "where" and not any(True for _ in loads(s.args[0])):
+        if s.fn == "where" and not any(True for _ in loads(s.args[0])):
             return self.guarded_where(s, ctx)
-        if fn == "from_end":  # a gathered index used as a value (an arange read at it): checked all the same
+        if s.fn == "from_end":  # a gathered index used as a value (an arange read at it): checked all the same
             value, _, what = gather_site(s, 0, None, s.args[1].expr, self.step.name)
             return self.checked(value, self.idx(s.args[1].expr, ctx), True, what, ctx)
         args = [self.expr(a, ctx) for a in s.args]
-        wide = _WIDE.get(dt, dt)
+        site = CallSite(s.fn, s.dtype, _WIDE.get(s.dtype, s.dtype), args, dict(s.params), s, ctx, self)
+        spell = SPELLING.get(s.fn)
+        code = spell(site) if spell else None
+        if code is None:
+            raise CodegenError(f"no Triton for {s.fn} on {s.dtype}")
+        return code
 
-        def cast(a: tuple[str, DType]) -> str:
-            return self.to(a, wide)
-
-        if fn in _BINARY:
-            return f"({cast(args[0])} {_BINARY[fn]} {cast(args[1])})"
-        if fn == "div":
-            a, b = cast(args[0]), cast(args[1])
-            rm = params.get("rounding_mode")
-            if not dt.is_float:
-                return self.integer_division(a, b, rm == "floor", ctx)
-            if rm == "floor":
-                return f"tl.floor({a} / {b})"
-            if rm == "trunc":
-                return f"sf_trunc({a} / {b})"
-            return f"({a} / {b})"
-        if fn in _COMPARE:
-            a, b = args
-            common = wide_of(a[1], b[1])
-            return f"({self.to(a, common)} {_COMPARE[fn]} {self.to(b, common)})"
-        if fn in ("logical_and", "bitwise_and"):
-            return f"({self.bool_or(args[0], fn)} & {self.bool_or(args[1], fn)})"
-        if fn in ("logical_or", "bitwise_or"):
-            return f"({self.bool_or(args[0], fn)} | {self.bool_or(args[1], fn)})"
-        if fn == "logical_not" or (fn == "bitwise_not" and dt is DType.bool):
-            return f"({args[0][0]} == 0)"
-        if fn == "bitwise_not":  # uint8 by xor (Triton's interpreter has no ~ for unsigned types)
-            return f"({args[0][0]} ^ 255)" if dt is DType.uint8 else f"(~{args[0][0]})"
-        if fn in ("maximum", "minimum"):
-            a, b = cast(args[0]), cast(args[1])
-            nan = ", propagate_nan=tl.PropagateNan.ALL" if dt.is_float else ""
-            return f"tl.{fn}({a}, {b}{nan})"
-        if fn == "where":
-            c = args[0][0] if args[0][1] is DType.bool else f"({args[0][0]} != 0)"
-            return f"tl.where({c}, {cast(args[1])}, {cast(args[2])})"
-        if fn == "cast":
-            src, logical = args[0], self.computed_dtype(s.args[0])
-            if logical in _WIDE and not wide.is_float:
-                # a half-precision result computed wide is rounded to its type before it becomes
-                # an integer, as torch rounds every op's result (2.7 * x truncated from float32
-                # could be one off)
-                src = (f"({src[0]}).to({TL[logical]}).to({TL[_WIDE[logical]]})", src[1])
-            return self.to(src, wide) if dt is not DType.bool else f"({src[0]} != 0)"
-        x = cast(args[0]) if args else ""
-        if fn in _UNARY and wide.is_float:
-            return f"{_UNARY[fn]}({x})"
-        if fn == "abs":
-            return f"tl.abs({x})" if dt is not DType.bool else x
-        table = {
-            "neg": f"(-{x})",
-            "reciprocal": f"(1.0 / {x})",
-            "silu": f"({x} * tl.sigmoid({x}))",
-            "relu": f"tl.where({x} < 0, 0, {x})",
-            "pow": f"sf_pow({x}, {cast(args[1])})" if len(args) > 1 else "",
-        }
-        if table.get(fn):
-            return table[fn]
-        if fn == "pow_scalar":
-            e = params["exponent"]
-            if e in (1, 2, 3):
-                return "(" + " * ".join([x] * int(e)) + ")"
-            return f"tl.sqrt({x})" if e == 0.5 else f"sf_pow({x}, {literal(e, DType.float32)})"
-        if fn == "gelu" and wide.is_float:
-            if params.get("approximate") == "tanh":
-                return f"(0.5 * {x} * (1.0 + sf_tanh(0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x}))))"
-            return f"(0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476)))"
-        if fn == "fmod" and wide.is_float:  # Triton's % of floats is C's fmod (frem)
-            return f"({x} % {cast(args[1])})"
-        if fn == "clamp":
-            out = x
-            if params.get("min") is not None:
-                lo = literal(params["min"], wide)
-                out = f"tl.where({out} < {lo}, {lo}, {out})"
-            if params.get("max") is not None:
-                hi = literal(params["max"], wide)
-                out = f"tl.where({out} > {hi}, {hi}, {out})"
-            return out
-        raise CodegenError(f"no Triton for {fn} on {dt}")
+    def cast(self, c: CallSite) -> str:
+        src, logical = c.args[0], self.computed_dtype(c.call.args[0])
+        if logical in _WIDE and not c.wide.is_float:
+            # a half-precision result computed wide is rounded to its type before it becomes
+            # an integer, as torch rounds every op's result (2.7 * x truncated from float32
+            # could be one off)
+            src = (f"({src[0]}).to({TL[logical]}).to({TL[_WIDE[logical]]})", src[1])
+        return self.to(src, c.wide) if c.dtype is not DType.bool else f"({src[0]} != 0)"
 
     def to(self, a: tuple[str, DType], dt: DType) -> str:
         if a[1] is dt:
@@ -475,9 +394,6 @@ class _Emitter:
         if _is_literal(a[0]):  # a Python number in the kernel has no .to(): write it in the type
             return literal(eval(a[0]), dt)  # noqa: S307 (a literal this module wrote)
         return f"({a[0]}).to({TL[dt]})"
-
-    def bool_or(self, a: tuple[str, DType], fn: str) -> str:
-        return f"({a[0]} != 0)" if fn.startswith("logical") and a[1] is not DType.bool else a[0]
 
     def guarded_where(self, s: Call, ctx: _Ctx) -> str:
         """`where(index condition, a, b)` (concatenation, padding): each side is evaluated
@@ -600,16 +516,6 @@ _NUMBER = re.compile(r'^-?(\d+(\.\d*)?(e[-+]?\d+)?|float\("-?(inf|nan)"\))$')
 
 def _is_literal(code: str) -> bool:
     return bool(_NUMBER.match(code))
-
-
-def wide_of(a: DType, b: DType) -> DType:
-    if a is b:
-        return a
-    if a.is_float or b.is_float:
-        return DType.float64 if DType.float64 in (a, b) else DType.float32
-    if DType.bool in (a, b):
-        return b if a is DType.bool else a
-    return DType.int64
 
 
 def _reduces(s: Scalar):
