@@ -19,7 +19,8 @@ if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/
     echo "note: without g++-aarch64-linux-gnu and qemu-user the aarch64 kernel tests are skipped"
   fi
 fi
-.venv/bin/ruff check symfuse tests bench
+.venv/bin/ruff check symfuse tests bench scripts
+.venv/bin/clang-format --dry-run --Werror symfuse/codegen/cpu/include/*.h symfuse/runtime/call.cpp
 .venv/bin/lint-imports --no-cache
 echo "== tier: unit (no C++ compiler)"
 .venv/bin/python -m pytest -q -rs tests/unit

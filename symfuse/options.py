@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 # switch points between kernel versions (the host picks a version per call from a size)
 SWITCH_KINDS = (
@@ -48,7 +50,7 @@ class Options:
     backend: str = "cpu"
     cache_dir: str = ""  # compiled kernels, keyed by a content hash; "" means the default
     dump_dir: str = ""  # when set, every stage is written here (graph, TEs, plan, C++, host code)
-    cxx: str = "g++"
+    cxx: str = "g++"  # the C++ compiler that builds generated code
     isa: str = ""  # "" detects the best this machine runs; generic | avx2 | avx512 | neon asks for one
     machine_dir: str = ""  # the detected target and measured thresholds; "" means the default
     thresholds: tuple[tuple[str, int], ...] = ()  # (kind, value): set a version switch point by hand
@@ -65,17 +67,8 @@ class Options:
 
     @staticmethod
     def from_env(**overrides) -> Options:
-        env = {
-            "cache_dir": os.environ.get("SYMFUSE_CACHE_DIR", ""),
-            "dump_dir": os.environ.get("SYMFUSE_DUMP_DIR", ""),
-            "cxx": os.environ.get("CXX", "g++"),
-            "isa": os.environ.get("SYMFUSE_ISA", "").strip().lower(),
-            "machine_dir": os.environ.get("SYMFUSE_MACHINE_DIR", ""),
-            "thresholds": parse_thresholds(os.environ.get("SYMFUSE_THRESHOLDS", ""), "SYMFUSE_THRESHOLDS"),
-            "library_limits": tuple((v, os.environ[v]) for v in LIBRARY_LIMITS if os.environ.get(v)),
-            "sanitize": os.environ.get("SYMFUSE_SANITIZE", "") not in ("", "0"),
-            "cuda_graphs": int(os.environ.get("SYMFUSE_CUDA_GRAPHS", "16")),
-        }
+        env = {field: read(os.environ[name]) for name, (field, read, _) in ENVIRONMENT.items() if name in os.environ}
+        env["library_limits"] = tuple((v, os.environ[v]) for v in LIBRARY_LIMITS if os.environ.get(v))
         given = {k: v for k, v in overrides.items() if v is not None}
         if isinstance(given.get("thresholds"), (dict, str)):
             given["thresholds"] = parse_thresholds(given["thresholds"], "thresholds")
@@ -105,6 +98,24 @@ class Options:
     @property
     def machine_cache(self) -> str:
         return self.machine_dir or os.path.join(os.path.expanduser("~"), ".cache", "symfuse", "machine")
+
+
+# every environment variable symfuse reads, and only here: name -> (the `Options` field it sets,
+# how its text is read, what it does); docs/reference.md is generated from this table
+ENVIRONMENT: dict[str, tuple[str, Callable[[str], Any], str]] = {
+    "SYMFUSE_CACHE_DIR": ("cache_dir", str, "the kernel cache (default `~/.cache/symfuse/kernels`)"),
+    "SYMFUSE_MACHINE_DIR": ("machine_dir", str, "detected targets and measured switch points "
+                            "(default `~/.cache/symfuse/machine`)"),
+    "SYMFUSE_DUMP_DIR": ("dump_dir", str, "write every stage (graph, TEs, plan, C++, host code) to this folder"),
+    "CXX": ("cxx", str, "the C++ compiler that builds generated code (default `g++`)"),
+    "SYMFUSE_ISA": ("isa", lambda v: v.strip().lower(), "build for this ISA (`generic`, `avx2`, `avx512`, `neon`) "
+                    "instead of the best this machine runs"),
+    "SYMFUSE_THRESHOLDS": ("thresholds", lambda v: parse_thresholds(v, "SYMFUSE_THRESHOLDS"),
+                           "switch points set by hand, `kind=value,...` (`linear_rows=48`)"),
+    "SYMFUSE_SANITIZE": ("sanitize", lambda v: v not in ("", "0"), "build generated C++ with AddressSanitizer and "
+                         "UBSan (a test mode, `docs/reliability.md`)"),
+    "SYMFUSE_CUDA_GRAPHS": ("cuda_graphs", int, "GPU: CUDA graphs kept, one per binding (default 16; 0: none)"),
+}  # fmt: skip
 
 
 def parse_thresholds(spec: str | dict, origin: str) -> tuple[tuple[str, int], ...]:

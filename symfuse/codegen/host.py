@@ -290,8 +290,8 @@ def _named(line: str) -> list[str]:
 def _address_only(body: list[list[str]], in_workspace: set[str]) -> set[str]:
     """The workspace buffers every line reaches only through `@ptr`/`@buf`/`@off` (a kernel's
     pointer, a strided view of the workspace for a library call): they need no tensor of their
-    own, only an address (making a tensor per buffer per call, then freeing it, cost about
-    1 us each)."""
+    own, only an address (making a tensor per buffer per call, then freeing it, is host time
+    each call pays: `python bench/overhead.py`)."""
     tensors = {name for lines in body for line in lines if not line.strip().startswith("@alloc ")
                for name in _TENSOR.findall(_MARK.sub("", line))}  # fmt: skip
     return in_workspace - tensors

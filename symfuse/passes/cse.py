@@ -5,8 +5,8 @@ first.
 Exported graphs repeat work a model wrote once per layer: Hugging Face's T5 encoder computes
 its relative position bias (position buckets through a logarithm, a gather from the bias
 table, the padding mask) in every layer's attention, and each copy was a member of that
-layer's softmax kernel, recomputed for every score of every head (t5-encoder-small at
-1x128: 270 us of attention a layer). Merged, the bias is computed once, stored, and read by
+layer's softmax kernel, recomputed for every score of every head (`symfuse bench --model
+t5-encoder-small --profile`: attention). Merged, the bias is computed once, stored, and read by
 every layer. Every op symfuse captures is a function of its inputs (dropout and random ops
 are refused at capture), so any two such nodes may be merged.
 """

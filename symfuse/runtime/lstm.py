@@ -38,9 +38,8 @@ def _bias(b_ih: torch.Tensor, b_hh: torch.Tensor) -> torch.Tensor:
 
 
 # the input projection runs on the library's `sf_lstm_input` up to this many multiply-adds
-# (rows x features x 4 hidden), torch's addmm above. Measured (docs/benchmarks.md): under it
-# addmm's call costs more than its arithmetic (the built-in model at 1x16: 101 -> 81 us a
-# call); from 33.5M (256 features, 256 hidden, 128 rows) addmm was faster (1.72 vs 2.18 ms)
+# (rows x features x 4 hidden), torch's addmm above: under it addmm's call costs more than its
+# arithmetic (`symfuse bench --model lstm --seq 16,128 --profile`)
 PROJECT_IN_LIBRARY = 1 << 22
 
 

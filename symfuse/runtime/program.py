@@ -323,7 +323,7 @@ class ConvWeights:
     """Convolution weights channels-last (so oneDNN takes its NHWC path, on an NCHW program input
     too) and in oneDNN's blocked layout, each made at its first call, for that call's input size
     (another size still runs: oneDNN then reorders it as it does a plain weight). A plain weight
-    is reordered inside every call: 10-17 us a convolution at any size (docs/benchmarks.md)."""
+    is reordered inside every call, at any size (`symfuse bench --model resnet --profile`)."""
 
     def __init__(self, plain: dict[str, torch.Tensor]) -> None:
         self.plain, self.packed = plain, {}

@@ -37,8 +37,8 @@ largest size up to which the first version won. `Options.thresholds` (or
 A switch point measured while other processes took more than `BUSY` of the CPU time of the
 cores this process runs on (a test suite, a build, a neighbour on the host) is not kept: the
 versions do not suffer alike from sharing cores (an OpenMP kernel waits at every barrier for
-its slowest thread), so such a value can be far off (the merged attention measured 5x slower
-than on the quiet machine, and the library chosen at every length). The process that
+its slowest thread), so such a value can be far off (a busy neighbour can make the library win at
+every length). The process that
 measured it uses it; the next process measures again.
 """
 
@@ -310,9 +310,9 @@ class Calibration:
         at 64 rows of a 256->768 layer was one the model reversed; where the weights stream
         (`STREAMED`), copies of them rotated through twice the L3 cache), and the input was
         just written by the kernel before, a block of rows by each thread, as a layer norm
-        leaves it (the row kernel with its threads on rows reads its own rows then, and made
-        bert-small and BERT-base at 128 rows 11% faster in the model; on freshly made inputs
-        it measured -1 to +15% layer by layer)."""
+        leaves it (the row kernel with its threads on rows reads its own rows then: timed on freshly made
+        inputs instead, its switch points did not hold in the model; `symfuse bench --model
+        bert-small --seq 128 --profile`)."""
 
         if kernel is not None:  # (threads on panels, threads on rows) of a row kernel built for the purpose
             rows_fn, split_fn = kernel

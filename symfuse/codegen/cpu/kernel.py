@@ -17,7 +17,6 @@ from `sym[]`; nothing depends on a symbol's value.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import sympy
@@ -29,6 +28,7 @@ from symfuse.ir.dims import Dim, dim, fmt_shape
 from symfuse.ir.dtypes import DType
 from symfuse.schedule.channels_last import in_step_order
 from symfuse.schedule.layout import address
+from symfuse.schedule.loops import plan_loops
 from symfuse.schedule.steps import Buffer, NativeStep
 from symfuse.te.analysis import (
     gather_site,
@@ -36,7 +36,6 @@ from symfuse.te.analysis import (
     in_row,
     is_window,
     loads,
-    loads_through,
     reduced_elements,
     reductions,
     row_scalar,
@@ -297,24 +296,17 @@ class _Emitter:
 
     # -- the kernel -----------------------------------------------------------------------
     def prepare(self, outs: list[str]) -> list[str]:
-        """Decide where each member lives; returns the buffers the kernel reads."""
+        """Take where each member lives from the step's loop plan; returns the buffers the kernel reads."""
         st = self.step
         for m in st.members:
             if m.dtype not in CTYPE:
                 raise CodegenError(f"{m.name} has dtype {m.dtype}, which the CPU code generator does not support")
-        ins = sorted({ld.tensor for m in st.members for ld in loads_through(m.body, st.inline)} - set(outs)
-                     - {m.name for m in st.members} - set(self.rows_in))  # fmt: skip
+        plan = plan_loops(st, outs, self.rows_in, self.rows_out)
+        ins = list(plan.inputs)
         for n in ins + outs:
             if self.buffers[n].dtype not in STORAGE:
                 raise CodegenError(f"{n} has dtype {self.buffers[n].dtype}, not supported by the CPU code generator")
-        self.local = {m.name: m for m in st.members if m.name not in outs and m.name not in self.rows_out}
-        # an element-wise member read at one place is computed where it is read
-        sites = Counter(ld.tensor for m in st.members for ld, _ in loads(m.body))
-        self.inlined = {
-            n: m for n, m in self.local.items() if sites[n] == 1 and not row_scalar(m) and not has_reduce(m.body)
-        }
-        for n in self.inlined:
-            del self.local[n]
+        self.local, self.inlined = dict(plan.kept), dict(plan.inline)
         return ins
 
     def body(self, rows: tuple[Dim, ...] | None, depth: int) -> list[str]:

@@ -2,8 +2,9 @@
 the library's own kernels, in one parallel region.
 
 The Python host code (codegen/host.py) computes a binding's sizes, picks each step's version and
-calls the kernels one at a time, each opening a parallel region of its own: bert-small at 16
-tokens makes 32 calls, about 0.4 us of Python and 0.55 us of fork and join each. Where every
+calls the kernels one at a time, each opening a parallel region of its own: at small shapes
+the Python and the fork and join of each call are a visible share of the call (`python
+bench/overhead.py`). Where every
 step's version at the binding is this library's (the row GEMM rather than oneDNN, the merged
 attention rather than torch's), the host code allocates the outputs and calls `sf_run` once
 instead. It computes the workspace's offsets and each step's rows from the symbols and runs

@@ -28,8 +28,9 @@ from symfuse.ir.dims import Dim, call_spelling, fmt_shape, render
 from symfuse.ir.dtypes import DType
 from symfuse.runtime.program import DIV_BY_ZERO
 from symfuse.schedule.layout import address
+from symfuse.schedule.loops import plan_loops
 from symfuse.schedule.steps import Buffer, NativeStep
-from symfuse.te.analysis import gather_site, in_row, loads, loads_through, row_scalar
+from symfuse.te.analysis import gather_site, in_row, loads, row_scalar
 from symfuse.te.ir import TE, Call, Const, Index, Load, Reduce, Scalar, fmt_short, substitute
 
 TL = {
@@ -415,17 +416,14 @@ class _Emitter:
             if m.dtype not in TL:
                 raise CodegenError(f"{m.name} has dtype {m.dtype}, which the Triton generator does not support")
         outs = list(st.outputs)
-        members = {m.name for m in st.members}
-        reads = {ld.tensor for m in st.members for ld in loads_through(m.body, st.inline)}
-        ins = sorted(reads - set(outs) - members)
+        plan = plan_loops(st, outs)
+        ins = list(plan.inputs)
         for n in ins + outs:
             if self.buffers[n].dtype not in TL:
                 raise CodegenError(f"{n} has dtype {self.buffers[n].dtype}, not supported by the Triton generator")
-        # members kept inside: one value per row is computed once, a whole row where it is read
-        # one value per row is computed once; a whole row is recomputed where it is read (a
-        # member this kernel stores too: another lane of the program may not have stored it yet)
-        self.scalars = {m.name: m for m in st.members if row_scalar(m)}
-        self.local_rows = {m.name: m for m in st.members if not row_scalar(m)}
+        # one value per row is computed once; a whole row is recomputed where it is read
+        self.scalars = dict(plan.per_row)
+        self.local_rows = plan.recomputed(st.members)
         rows = st.rows
         row_axes = {}
         self.depth = 1
