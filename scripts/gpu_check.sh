@@ -13,10 +13,13 @@ PY="${PYTHON:-python3}"
   "$PY" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 } 2>&1 | tee "$OUT/machine.txt"
 echo "== GPU tests (pytest -m gpu)"
-timeout 170 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_device.py 2>&1 | tail -25 | tee "$OUT/tests.txt"
+status=0
+timeout 170 "$PY" -m pytest -q -rs -p no:cacheprovider -m gpu tests/gpu/test_gpu_device.py 2>&1 | tail -25 | tee "$OUT/tests.txt" ||
+  status=1  # (pipefail: a failing test fails this script, after the benchmarks have run)
 echo "== bench: BERT-base fp16, batch 1 and 8, seq 16..512"
 timeout 210 "$PY" -m symfuse bench --device cuda --precision fp16 --model bert-base --batch 1,8 \
   --seq 16,32,64,128,256,384,512 --engines eager,inductor,symfuse --min-reps 20 --out "$OUT" 2>&1 | tail -30
 echo "== bench: BERT-base fp32, batch 1 and 8, seq 16..512 (symfuse and eager)"
 timeout 80 "$PY" -m symfuse bench --device cuda --precision fp32 --model bert-base --batch 1,8 \
   --seq 16,128,512 --engines symfuse,eager --min-reps 20 --out "$OUT" 2>&1 | tail -12
+exit $status

@@ -136,6 +136,17 @@ class HostGenerator:
 
     def native(self, st: NativeStep) -> list[str]:
         """A kernel's call (its TEs through torch where it has no kernel)."""
+        src = self.kernels.get(st.name)
+        if src is None:
+            return self.torch_run(st)
+        fn = src.function or st.name
+        self.code.kernels[fn] = len(src.args)
+        out = [self.alloc(n) for n in src.args[: src.n_outputs]]
+        rows = self.py(sympy.Mul(*st.rows)) if st.rows else "1"
+        return out + [self.kernel_call(src, fn, rows)]
+
+    def kernel_call(self, src, fn: str, rows: str) -> str:
+        """The line that runs kernel `fn` (its source `src`) over `rows` rows."""
         raise NotImplementedError
 
     def gemm(self, st: GemmStep) -> list[str]:

@@ -17,7 +17,7 @@ from symfuse.runtime.switches import ANY_HEAD, ROWS
 from symfuse.schedule.attention import AttentionStep
 from symfuse.schedule.channels_last import NHWC
 from symfuse.schedule.layout import View, as_matrix, row_major
-from symfuse.schedule.steps import GemmStep, NativeStep, Schedule
+from symfuse.schedule.steps import GemmStep, Schedule
 
 
 class CpuHost(HostGenerator):
@@ -25,17 +25,9 @@ class CpuHost(HostGenerator):
         self.run_outputs = outputs  # sf_run's outputs
         self.code.run, self.code.run_missing = native_run(self, outputs)
 
-    def native(self, st: NativeStep) -> list[str]:
-        src = self.kernels.get(st.name)
-        if src is None:
-            return self.torch_run(st)
-        fn = src.function or st.name
-        self.code.kernels[fn] = len(src.args)
-        out = [self.alloc(n) for n in src.args[: src.n_outputs]]
-        rows = self.py(sympy.Mul(*st.rows)) if st.rows else "1"
+    def kernel_call(self, src: KernelSource, fn: str, rows: str) -> str:
         ptrs = ", ".join(self.ptr(n) for n in src.args)
-        out.append(f"k.{fn}({ptrs}, sym_p, 0, {rows})")
-        return out
+        return f"k.{fn}({ptrs}, sym_p, 0, {rows})"
 
     def gemm(self, st: GemmStep) -> list[str]:
         out = []

@@ -18,7 +18,6 @@ import re
 import time
 from dataclasses import dataclass, field
 
-import sympy
 import torch
 
 from symfuse.codegen.cache import cache_folder
@@ -47,18 +46,10 @@ class _GpuHost(HostGenerator):
 
     native_symbols = False  # Triton kernels take `sym` itself (a device tensor)
 
-    def native(self, st: NativeStep) -> list[str]:
-        src = self.kernels.get(st.name)
-        if src is None:
-            return self.torch_run(st)
-        fn = src.function or st.name
-        self.code.kernels[fn] = len(src.args)
-        out = [self.alloc(n) for n in src.args[: src.n_outputs]]
-        rows = self.py(sympy.Mul(*st.rows)) if st.rows else "1"
+    def kernel_call(self, src: TritonSource, fn: str, rows: str) -> str:
         length = ", ".join(dict.fromkeys(self.py(e) for e in src.extents)) or "1"
         args = [("sym" if n == "sf_err" else self.ref(n)) for n in src.args] + [f"s_{s}" for s in src.symbols]
-        out.append(f"launch(k.{fn}, {rows}, max({length}, 1), {', '.join(args)})")
-        return out
+        return f"launch(k.{fn}, {rows}, max({length}, 1), {', '.join(args)})"
 
     def gemm(self, st: GemmStep) -> list[str]:
         out = []
