@@ -45,12 +45,6 @@ def _in_layout(x: torch.Tensor, shape: tuple, strides: tuple) -> torch.Tensor:
     return torch.empty_strided(shape, strides, dtype=x.dtype, device=x.device).copy_(x)
 
 
-def _activation(t: torch.Tensor, attr: str, algo: str) -> torch.Tensor:
-    if attr == "gelu":
-        return F.gelu(t, approximate=algo or "none")
-    return {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "swish": F.silu}[attr](t)
-
-
 def _conv(x, w, bias, stride, padding, dilation, groups):
     return F.conv2d(x, w, bias, stride, padding, dilation, groups)
 
@@ -119,7 +113,6 @@ class GpuProgram(HostProgram):
             "linear": F.linear,
             "matmul": torch.matmul,
             "conv": _conv,
-            "activation": _activation,
             "in_layout": _in_layout,
             "sdpa": F.scaled_dot_product_attention,
             "torch": torch,

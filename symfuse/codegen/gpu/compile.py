@@ -39,6 +39,7 @@ from symfuse.schedule.steps import build as build_schedule
 from symfuse.shape.store import ShapeStore
 from symfuse.te.analysis import analyse
 from symfuse.te.lower import TEProgram, lower
+from symfuse.te.scalar import POSTOPS
 
 
 class _GpuHost(HostGenerator):
@@ -54,9 +55,12 @@ class _GpuHost(HostGenerator):
     def gemm(self, st: GemmStep) -> list[str]:
         out = []
         act = ""
-        if st.postop:
+        if st.postop:  # the activation's reference from the scalar vocabulary, after torch's GEMM
             attr, algo = st.postop
-            act = f"t_{st.out} = activation(t_{st.out}, {attr!r}, {algo!r})"
+            name = next(f for f, p in POSTOPS.items() if p == attr)
+            fn = f"op_act_{name}" + (f"_{algo}" if algo else "")
+            self.code.recipes[fn] = ("op", name, {"approximate": algo or "none"} if name == "gelu" else {})
+            act = f"t_{st.out} = {fn}[0](t_{st.out}, **{fn}[1](b))"
         if st.weight is not None:
             bias = self.ref(st.bias) if st.bias else "None"
             out.append(f"t_{st.out} = linear({self.view(st.a)}, {self.ref(st.weight)}, {bias}){self.reshaped(st)}")
