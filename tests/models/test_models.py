@@ -118,7 +118,7 @@ def test_bf16_agrees_with_fp32_eager(name):
     """precision="bf16": every output row within cosine 0.999 of fp32 eager over the model's whole
     sweep, compiled once; on a CPU without bf16 instructions it runs fp32 and says so."""
     from symfuse.bench.engines import flat_outputs
-    from tests.test_bf16 import BF16_HERE, cosine_rows
+    from tests.cpu.test_bf16 import BF16_HERE, cosine_rows
 
     case = load(name)
     c = symfuse.compile(case.model, case.inputs(**case.example), case.dynamic, precision="bf16")
