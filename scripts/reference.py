@@ -76,7 +76,8 @@ def render() -> str:
         d = ops.get(name)
         notes = d.doc or ("runs its torch reference inside the program" if d.lower is None else "")
         out.append(f"| `{name}` | {d.kind.name.lower()} | {', '.join(d.inputs)} | {', '.join(d.attrs)} | {notes} |")
-    out += ["", "## Scalar functions", "", "The functions a tensor expression may call (`te/scalar.py`), and", ""]
+    out += ["", "## Scalar functions", ""]
+    out += ["The functions a tensor expression may call (`te/scalar.py`), and each backend's spelling:", ""]
     out += ["| function | operands | result dtype | CPU | GPU |", "|---|---|---|---|---|"]
     for f in FUNCTIONS.values():
         c = "yes" if f.name in cpu.SPELLING else cpu.UNSPELLED[f.name]
