@@ -28,7 +28,7 @@ from symfuse.ir.dims import Dim, dim, fmt_shape
 from symfuse.ir.dtypes import DType
 from symfuse.schedule.channels_last import in_step_order
 from symfuse.schedule.layout import address
-from symfuse.schedule.loops import plan_loops
+from symfuse.schedule.loops import MemberLoop, plan_loops, row_split, stat_body
 from symfuse.schedule.steps import Buffer, NativeStep
 from symfuse.te.analysis import (
     gather_site,
@@ -301,7 +301,8 @@ class _Emitter:
         for m in st.members:
             if m.dtype not in CTYPE:
                 raise CodegenError(f"{m.name} has dtype {m.dtype}, which the CPU code generator does not support")
-        plan = plan_loops(st, outs, self.rows_in, self.rows_out)
+        plan = plan_loops(st, outs, self.rows_in, self.rows_out, self.folded, self.buffers, True, _calls_libm)
+        self.plan = plan
         ins = list(plan.inputs)
         for n in ins + outs:
             if self.buffers[n].dtype not in STORAGE:
@@ -368,58 +369,24 @@ class _Emitter:
         self.scratch_lines = []
         self.hoisted, self.riding = {}, {}
         rem = "row"
-        for k in range(len(rows or ()) - 1, -1, -1):
-            d = rows[k]
-            if d == 1:
-                self.line(f"const int64_t i{k} = 0;")
-            elif k == 0:
-                self.line(f"const int64_t i{k} = {rem};")
+        for ri in row_split(rows):
+            if ri.zero:
+                self.line(f"const int64_t i{ri.k} = 0;")
+            elif ri.extent is None:
+                self.line(f"const int64_t i{ri.k} = {rem};")
             else:
-                c = self.c(d)
-                self.line(f"const int64_t i{k} = {rem} % {c};")
-                nxt = f"q{k}"
-                self.line(f"const int64_t {nxt} = {rem} / {c};")
-                rem = nxt
-        for m in self.step.members:
-            if m.name not in self.inlined and m.name not in self.folded:
-                self.member(m)
+                c = self.c(ri.extent)
+                self.line(f"const int64_t i{ri.k} = {rem} % {c};")
+                self.line(f"const int64_t q{ri.k} = {rem} / {c};")
+                rem = f"q{ri.k}"
+        members = {m.name: m for m in self.step.members}
+        for lp in self.plan.loops:
+            self.member(members[lp.name], lp)
 
-    def riders(self, m: TE) -> list[tuple[str, Reduce]]:
-        """The reductions of later row statistics that go over `m`'s row, read `m` at the
-        element its loop computes and nothing computed after it: each is accumulated in m's
-        loop instead of a loop of its own (a softmax's max over its masked scores, its sum over
-        the exponentials), one pass over the row less. With the statistic's name."""
-        order = [x for x in self.step.members if x.name not in self.inlined and x.name not in self.folded]
-        later = order[order.index(m) + 1 :]
-        after, last = {x.name for x in later}, m.axes[-1]
-        defs = {**{n: g for n, g in self.step.inline.items() if n not in self.buffers}, **self.inlined}
-        found = []
-        for stat in later:
-            if not row_scalar(stat):
-                continue
-            for r in reductions(self.stat_body(stat)):
-                single = len(r.axes) == 1 and r.axes[0][1] == m.shape[-1] and r.dtype is not DType.bool
-                if not single or is_window(r) or has_reduce(r.body):
-                    continue
-                body = _expand(substitute(r.body, {r.axes[0][0]: last}), defs)
-                if _calls_libm(body):  # a loop of its own, so that m's loop stays a vector loop where libm's is scalar
-                    continue
-                reads = [ld for ld, _ in loads(body)]
-                mine = [ld for ld in reads if ld.tensor == m.name]
-                if mine and not any(ld.tensor in after for ld in reads):
-                    if all(ld.index[-1] == last and in_row(ld.index, m.axes, m.shape) for ld in mine):
-                        found.append((stat.name, r))
-        return found
-
-    @staticmethod
-    def stat_body(m: TE) -> Scalar:
-        """A row statistic's body at its one element."""
-        return substitute(m.body, {m.axes[-1]: sympy.Integer(0)}) if m.axes else m.body
-
-    def member(self, m: TE) -> None:
+    def member(self, m: TE, lp: MemberLoop) -> None:
         ct = CTYPE[m.dtype]
-        if row_scalar(m):  # one value per row: straight-line code, a const local when kept
-            body = self.stat_body(m)
+        if lp.per_row:  # one value per row: straight-line code, a const local when kept
+            body = stat_body(m)
             done = reductions(body) and all(r in self.riding for r in reductions(body))
             self.line(f"// {m.name}" + (" (accumulated above)" if done else ""))
             code = self.typed(body, m.dtype)
@@ -435,8 +402,7 @@ class _Emitter:
         if m.name in self.local:
             self.scratch_lines.append(f"std::unique_ptr<{ct}[]> row_{m.name}(new {ct}[{self.c(m.shape[-1])}]);")
             self.scratch_lines.append(f"{ct}* __restrict__ v_{m.name} = row_{m.name}.get();")
-        vector = all(is_window(r) for r in reductions(m.body))
-        riders = self.riders(m) if vector else []
+        vector, riders = lp.vector, lp.riders
         accs = [(r, *self.accumulator(r)) for _, r in riders]
         self.hoist, self.inner = (len(self.lines), self.depth), {last}
         if vector:
@@ -488,22 +454,6 @@ def _loop_vars(s: Scalar) -> set[str] | None:
             return None
         out |= inner
     return out
-
-
-def _expand(s: Scalar, defs: dict[str, TE]) -> Scalar:
-    """`s` with its loads of `defs` (what is computed where it is read) replaced by their
-    bodies at the load's index, as the emitter's `load` writes them."""
-    if isinstance(s, Load):
-        index = tuple(i if isinstance(i, sympy.Expr) else _expand(i, defs) for i in s.index)
-        if s.tensor in defs:
-            d = defs[s.tensor]
-            return _expand(substitute(d.body, dict(zip(d.axes, index))), defs)
-        return Load(s.tensor, index)
-    if isinstance(s, Call):
-        return Call(s.fn, tuple(_expand(a, defs) for a in s.args), s.dtype, s.params)
-    if isinstance(s, Reduce):
-        return Reduce(s.op, _expand(s.body, defs), s.axes, s.dtype)
-    return s
 
 
 def _calls_libm(s: Scalar) -> bool:

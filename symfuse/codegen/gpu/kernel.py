@@ -28,7 +28,7 @@ from symfuse.ir.dims import Dim, call_spelling, fmt_shape, render
 from symfuse.ir.dtypes import DType
 from symfuse.runtime.program import DIV_BY_ZERO
 from symfuse.schedule.layout import address
-from symfuse.schedule.loops import plan_loops
+from symfuse.schedule.loops import plan_loops, stat_body
 from symfuse.schedule.steps import Buffer, NativeStep
 from symfuse.te.analysis import gather_site, in_row, loads, row_scalar
 from symfuse.te.ir import TE, Call, Const, Index, Load, Reduce, Scalar, fmt_short, substitute
@@ -416,7 +416,7 @@ class _Emitter:
             if m.dtype not in TL:
                 raise CodegenError(f"{m.name} has dtype {m.dtype}, which the Triton generator does not support")
         outs = list(st.outputs)
-        plan = plan_loops(st, outs)
+        plan = plan_loops(st, outs, keeps_rows=False)
         ins = list(plan.inputs)
         for n in ins + outs:
             if self.buffers[n].dtype not in TL:
@@ -432,25 +432,25 @@ class _Emitter:
         self.line("row_ok = row < n_rows")
         self.line("zR = tl.zeros([BLOCK_R, 1], tl.int64)")
         rem = "row"
-        for k in range(len(rows) - 1, -1, -1):
-            d = rows[k]
-            name = f"i{k}"
-            if d == 1:
+        for ri in plan.row_split:
+            name = f"i{ri.k}"
+            if ri.zero:
                 self.line(f"{name} = zR")
-            elif k == 0:
+            elif ri.extent is None:
                 self.line(f"{name} = {rem}")
             else:
-                c = render(d, self.names, TRITON_INDEX)
+                c = render(ri.extent, self.names, TRITON_INDEX)
                 self.line(f"{name} = {rem} % {c}")
-                self.line(f"q{k} = {rem} // {c}")
-                rem = f"q{k}"
+                self.line(f"q{ri.k} = {rem} // {c}")
+                rem = f"q{ri.k}"
             row_axes[sympy.Symbol(name, integer=True, nonnegative=True)] = (name, _ROW)
         row_ctx = _Ctx(row_axes, "row_ok", frozenset({_ROW}))
-        for m in st.members:
-            if m.name in self.scalars:
+        members = {m.name: m for m in st.members}
+        for lp in plan.loops:
+            m = members[lp.name]
+            if lp.per_row:
                 self.line(f"# {m.name}: one value per row")
-                body = substitute(m.body, {m.axes[-1]: sympy.Integer(0)}) if m.axes else m.body
-                code, dt = self.expr(body, row_ctx)
+                code, dt = self.expr(stat_body(m), row_ctx)
                 self.line(f"v_{m.name} = {self.to((code, dt), _WIDE.get(m.dtype, m.dtype))}")
             if m.name in outs:
                 self.member(m, row_ctx)
