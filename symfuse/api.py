@@ -15,16 +15,13 @@ from symfuse.ir.verify import verify
 from symfuse.options import Options
 from symfuse.passes import PIPELINE
 from symfuse.reference import ReferenceExecutor
-from symfuse.runtime.module import CompiledModule, Signature
+from symfuse.runtime.guard import GuardSpec
+from symfuse.runtime.module import BACKENDS, CompiledModule, Signature
 from symfuse.shape.guards import guard_spec
 from symfuse.source import Compiled
 
 log = logging.getLogger("symfuse")
 _compile_count = 0
-
-REFERENCE_BACKEND = "reference executor (each op runs through its PyTorch reference)"
-CPU_BACKEND = "cpu (generated C++ kernels with OpenMP and SIMD, oneDNN and torch.matmul for GEMMs)"
-GPU_BACKEND = "triton (generated Triton kernels, cuBLAS through torch for GEMMs, CUDA graphs per binding)"
 
 
 def compile_count() -> int:
@@ -32,12 +29,15 @@ def compile_count() -> int:
     return _compile_count
 
 
-def compile_captured(captured: Captured, options: Options, native: Any = None) -> CompiledModule:
-    """The module of a captured graph, built by the backend `options` names (`native`: one built
-    already, as a loaded artifact rebuilt for this CPU has)."""
-    device = torch.device(options.device).type
-    guard = guard_spec(captured.declared, captured.store, device, tuple(captured.traced_under))
-    backend = {"reference": REFERENCE_BACKEND, "cpu": CPU_BACKEND, "triton": GPU_BACKEND}.get(options.backend)
+def compile_captured(
+    captured: Captured, options: Options, native: Any = None, guard: GuardSpec | None = None
+) -> CompiledModule:
+    """The module of a captured graph, built by the backend `options` names (`native` and
+    `guard`: built already, as a loaded artifact rebuilt for this CPU has them)."""
+    if guard is None:
+        device = torch.device(options.device).type
+        guard = guard_spec(captured.declared, captured.store, device, tuple(captured.traced_under))
+    backend = BACKENDS.get(options.backend)
     if backend is None:
         raise ValueError(f"unknown backend {options.backend!r}; symfuse has 'cpu', 'triton' and 'reference'")
     source = Compiled(captured)

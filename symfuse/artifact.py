@@ -18,14 +18,13 @@ from dataclasses import replace
 from symfuse.options import Options
 from symfuse.runtime.artifact import ArtifactError, Saved, decode_spec, read
 from symfuse.runtime.code import Tile
-from symfuse.runtime.module import CompiledModule, Signature
+from symfuse.runtime.module import BACKENDS, CompiledModule, Signature
 from symfuse.runtime.native import Backend, link
 from symfuse.runtime.switches import Threshold, by_hand
 from symfuse.runtime.target import cpu_runs, machine_id
 from symfuse.source import Saved as SavedSource
 
 log = logging.getLogger("symfuse")
-CPU_BACKEND = "cpu (generated C++ kernels with OpenMP and SIMD, oneDNN and torch.matmul for GEMMs)"
 
 
 def load(path: str, **options) -> CompiledModule:
@@ -72,7 +71,7 @@ def load(path: str, **options) -> CompiledModule:
         regenerate, path,
     )  # fmt: skip
     return CompiledModule(
-        signature, saved.state["guard"], saved.state["symbols"], program, source, opts, CPU_BACKEND, native
+        signature, saved.state["guard"], saved.state["symbols"], program, source, opts, BACKENDS["cpu"], native
     )
 
 
@@ -106,9 +105,7 @@ def _rebuilt(saved: Saved, source: SavedSource, opts: Options, lacks: str) -> Co
     precision = saved.state["host"].precision
     native = compile_program(captured.graph, captured.store, replace(opts, precision=precision), target=here)
     native.seconds, native.artifact = {**saved.seconds, **native.seconds}, saved.path
-    module = compile_captured(captured, opts, native=native)
-    module.guard_spec = saved.state["guard"]
-    return module
+    return compile_captured(captured, opts, native=native, guard=saved.state["guard"])
 
 
 def _measured_here(saved: Saved, thresholds: dict[str, Threshold], opts: Options) -> dict[str, Threshold]:
@@ -118,9 +115,8 @@ def _measured_here(saved: Saved, thresholds: dict[str, Threshold], opts: Options
 
     target = saved.target
     try:
-        linear_bytes = sum(p.numel() * p.element_size() for p in saved.packed.values())
-        return switch_points(saved.state["host"].thresholds, detect(opts.cxx, target.isa, opts.machine_cache), opts,
-                             linear_bytes)  # fmt: skip
+        here = detect(opts.cxx, target.isa, opts.machine_cache)
+        return switch_points(saved.state["host"].thresholds, here, opts, saved.packed)
     except Exception as e:  # noqa: BLE001 - no compiler to measure with: keep the saved values, say so
         log.warning("symfuse: keeping the switch points measured on %s (%s)", target.cpu, e)
         return {

@@ -20,6 +20,13 @@ from symfuse.runtime.artifact import save
 from symfuse.runtime.guard import GuardSpec, make_guard
 from symfuse.runtime.outputs import OutputBuilder
 
+# what runs a module, as `CompiledModule.backend` and `explain` say it, by `Options.backend`
+BACKENDS = {
+    "reference": "reference executor (each op runs through its PyTorch reference)",
+    "cpu": "cpu (generated C++ kernels with OpenMP and SIMD, oneDNN and torch.matmul for GEMMs)",
+    "triton": "triton (generated Triton kernels, cuBLAS through torch for GEMMs, CUDA graphs per binding)",
+}
+
 
 @dataclass(frozen=True)
 class Signature:
