@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import time
 
+import torch
+
 from symfuse.codegen.cpu.calibrate import Calibration
 from symfuse.codegen.cpu.gemm import has_bf16_rows
 from symfuse.codegen.cpu.generate import build_generated, generate, make_program
@@ -68,7 +70,7 @@ def compile_program(
     t["pack weights (while g++ runs)"] = built.pack_seconds
     t["build (cache hit)" if built.cached else "build (g++)"] = built.seconds
     t0 = time.perf_counter()  # (switch points are measured with nothing else running)
-    thresholds = switch_points(host.thresholds, target, opts, built.linear_bytes)
+    thresholds = switch_points(host.thresholds, target, opts, built.panels)
     t["switch points"] = time.perf_counter() - t0
     program = make_program(gen, built, len(store.symbols), thresholds)
     if opts.dump_dir:
@@ -76,13 +78,15 @@ def compile_program(
     return Backend(program, target, thresholds, host, gen.gathers, gen.tile, built.cached, t, gen, precision_note=note)
 
 
-def switch_points(wanted: dict[str, tuple[str, tuple[int, ...]]], target: Target, opts: Options, linear_bytes: int):
+def switch_points(
+    wanted: dict[str, tuple[str, tuple[int, ...]]], target: Target, opts: Options, panels: dict[str, torch.Tensor]
+):
     """The value of every threshold the host code reads: set by hand, cached, or measured now.
     Linear layers are measured with as many bytes of weights passing through the caches
-    between two calls as the model's linear weights take, streaming from memory where they
-    do not fit in the L3 cache (`calibrate.weight_traffic`)."""
+    between two calls as the model's packed linear weights (`panels`) take, streaming from
+    memory where they do not fit in the L3 cache (`switches.weight_traffic`)."""
     if not wanted:
         return {}
-    traffic = weight_traffic(linear_bytes, target)
+    traffic = weight_traffic(sum(p.numel() * p.element_size() for p in panels.values()), target)
     cal = Calibration(target, opts)
     return {name: cal.get(kind, shape, traffic) for name, (kind, shape) in wanted.items()}

@@ -138,10 +138,6 @@ class Built:
     caller: Callable | None  # runtime.call's kernel caller, or None (ctypes)
     pack_seconds: float = 0.0
 
-    @property
-    def linear_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.panels.values())
-
 
 def build_generated(gen: Generated, graph: Graph, target: Target, opts: Options) -> Built:
     """Build `gen`'s C++ for `target`, packing the row kernel's weights while g++ runs."""
