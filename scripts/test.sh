@@ -21,8 +21,7 @@ if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/
 fi
 .venv/bin/ruff check symfuse tests bench scripts
 .venv/bin/clang-format --dry-run --Werror symfuse/codegen/cpu/include/*.h symfuse/runtime/call.cpp
-.venv/bin/lint-imports --no-cache
-echo "== tier: unit (no C++ compiler)"
+echo "== tier: unit (no C++ compiler; the import layers among them)"
 .venv/bin/python -m pytest -q -rs tests/unit
 echo "== tier: cpu and gpu (the C++ toolchain; Triton's interpreter without a GPU)"
 .venv/bin/python -m pytest -q -rs -m "not models" tests/cpu tests/gpu

@@ -39,29 +39,29 @@ def seeded():
 
 
 # -- tiers and skips ---------------------------------------------------------------------
-# tests/models/ is the slow tier (`-m models`), tests/gpu/ needs Triton (its device tests a GPU)
-_TIER_MARKS = {"models": pytest.mark.models}
-
-
 def pytest_collection_modifyitems(config, items):
+    """tests/models/ is the slow tier: its tests are marked `models` by their folder."""
     for item in items:
-        tier = item.path.parent.name if item.path.parent.parent.name == "tests" else ""
-        if tier in _TIER_MARKS:
-            item.add_marker(_TIER_MARKS[tier])
+        if item.path.parent.name == "models" and item.path.parent.parent.name == "tests":
+            item.add_marker(pytest.mark.models)
 
 
-# tests a CI machine that can run them must not skip: (file, what the machine needs, how to tell)
+# tests a CI machine that can run them must not skip: (file, what the machine needs, whether it has it)
 _MUST_RUN = (
     ("test_emulated.py", "qemu-aarch64 and aarch64-linux-gnu-g++",
      lambda: bool(shutil.which("qemu-aarch64") and shutil.which("aarch64-linux-gnu-g++"))),
     ("test_gpu.py", "triton (its interpreter)", lambda: importlib.util.find_spec("triton") is not None),
 )  # fmt: skip
-_skipped: list[tuple[str, str]] = []
+_skipped: list[tuple[str, str, tuple]] = []  # (test, why it skipped, its entry of _MUST_RUN)
 
 
 def pytest_runtest_logreport(report):
-    if report.skipped and any(report.nodeid.split("::")[0].endswith(f) for f, _, _ in _MUST_RUN):
-        _skipped.append((report.nodeid, str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""))
+    if not report.skipped:
+        return
+    file = report.nodeid.split("::")[0]
+    must = next((m for m in _MUST_RUN if file.endswith("/" + m[0])), None)
+    if must is not None:
+        _skipped.append((report.nodeid, str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else "", must))
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -69,9 +69,9 @@ def pytest_sessionfinish(session, exitstatus):
     interpreter test that skips silently would leave a backend untested."""
     if not os.environ.get("CI"):
         return
-    bad = [(n, why) for n, why in _skipped for f, _, can in _MUST_RUN if n.split("::")[0].endswith(f) and can()]
+    bad = [(n, why, needs) for n, why, (_, needs, has) in _skipped if has()]
     if bad:
         print(f"\nCI: {len(bad)} test(s) skipped on a machine that can run them:")
-        for n, why in bad[:20]:
-            print(f"  {n}: {why}")
+        for n, why, needs in bad[:20]:
+            print(f"  {n}: {why} (this machine has {needs})")
         session.exitstatus = 1

@@ -37,9 +37,8 @@ largest size up to which the first version won. `Options.thresholds` (or
 A switch point measured while other processes took more than `BUSY` of the CPU time of the
 cores this process runs on (a test suite, a build, a neighbour on the host) is not kept: the
 versions do not suffer alike from sharing cores (an OpenMP kernel waits at every barrier for
-its slowest thread), so such a value can be far off (a busy neighbour can make the library win at
-every length). The process that
-measured it uses it; the next process measures again.
+its slowest thread), so such a value can be far off (a busy neighbour can make the library win
+at every length). The process that measured it uses it; the next process measures again.
 """
 
 from __future__ import annotations
