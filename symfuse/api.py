@@ -11,11 +11,13 @@ import torch.utils._pytree as pytree
 from symfuse.codegen.cpu.compile import compile_program
 from symfuse.codegen.gpu.compile import compile_gpu
 from symfuse.frontend import Captured, capture, is_onnx
+from symfuse.frontend.decoder import capture_decoder, generates
 from symfuse.ir.verify import verify
 from symfuse.options import Options
 from symfuse.passes import PIPELINE
 from symfuse.reference import ReferenceExecutor
 from symfuse.runtime.guard import GuardSpec
+from symfuse.runtime.decoder import Decoder
 from symfuse.runtime.module import BACKENDS, CompiledModule, Signature
 from symfuse.shape.guards import guard_spec
 from symfuse.source import Compiled
@@ -82,8 +84,13 @@ def _on_cpu(model: torch.nn.Module) -> torch.nn.Module:
 
 def compile(  # noqa: A001
     model: Any, example_inputs: Any = None, dynamic: Any = None, *, backend: str | None = None, **options
-) -> CompiledModule:
+) -> CompiledModule | Decoder:
     """Compile `model` once for all bindings of its dynamic dims.
+
+    A `transformers` causal LM (GPT-2, Llama, Mistral, Qwen2, ...) compiles to a `Decoder`:
+    one decoding step over a key/value cache the runtime owns, for every batch, prompt and
+    past length, with `.generate(...)`; no example inputs are needed (an example that sets
+    `use_cache=False` compiles the model as a plain function of its inputs instead).
 
     model: a `torch.nn.Module` (captured with torch.export from `example_inputs`), or an
         ONNX model: a path to a `.onnx` file or an `onnx.ModelProto` (no example needed;
@@ -117,6 +124,7 @@ def compile(  # noqa: A001
             _on_cpu(model),
             pytree.tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, example_inputs),
         )
+    spec = None
     if is_onnx(model):
         if example_inputs is not None:
             raise ValueError("an ONNX model needs no example inputs; pass `dynamic` to rename or bound its dims")
@@ -125,6 +133,8 @@ def compile(  # noqa: A001
         except ImportError as e:
             raise ImportError(f"compiling an ONNX model needs the onnx package: pip install symfuse[onnx] ({e})") from e
         captured = capture_onnx(model, dynamic)
+    elif isinstance(model, torch.nn.Module) and generates(model, example_inputs):
+        captured, spec = capture_decoder(model)
     elif isinstance(model, torch.nn.Module):
         if example_inputs is None:
             raise ValueError("compiling a torch module needs example inputs (a tensor, a tuple or a dict)")
@@ -139,4 +149,5 @@ def compile(  # noqa: A001
         verify(captured.graph)
     _compile_count += 1
     log.info("symfuse: captured %s in %.2fs (%d ops)", captured.graph.name, captured.seconds, len(captured.graph.nodes))
-    return compile_captured(captured, opts)
+    module = compile_captured(captured, opts)
+    return Decoder(module, spec) if spec is not None else module

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from symfuse.frontend import composite as cs
+from symfuse.frontend import paged as _paged  # noqa: F401  (registers symfuse::paged_attention)
 from symfuse.frontend.composite import arg_extreme, conv_transpose2d, pad_constant
 from symfuse.ir.dims import dim, exact_quotient, product, slice_bound
 from symfuse.ir.dtypes import DType, promote
@@ -1055,3 +1056,9 @@ def _lstm(cv, a):
     return cv.emit_multi(
         "lstm", [cv.tensor(a["input" if "input" in a else "x"]), h0, c0, *params], hidden_size=hidden, **attrs
     )
+
+
+@converts(torch.ops.symfuse.paged_attention.default)
+def _paged_attention(cv, a):
+    names = ("q", "k", "v", "k_pool", "v_pool", "table", "lengths")
+    return cv.emit("paged_attention", [cv.tensor(a[n]) for n in names], scale=float(a["scale"]), window=int(a["window"]))

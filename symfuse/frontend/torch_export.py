@@ -29,6 +29,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from symfuse.errors import CaptureError, UnsupportedOpsError
 from symfuse.frontend import lstm as _lstm  # noqa: F401  (registers symfuse::lstm)
+from symfuse.frontend import paged as _paged  # noqa: F401  (registers symfuse::paged_attention)
 from symfuse.frontend.aten_table import ATEN, Unsupported
 from symfuse.frontend.dynamic import DimDecl, parse_dynamic
 from symfuse.ir.dims import Dim as DimExpr

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from symfuse.ir.dtypes import DType
 from symfuse.ops.reduction import _pool_out as pool_out
 from symfuse.ops.registry import Kind, defop, promoted, same_dtype
+from symfuse.runtime.kv import paged_attention
 from symfuse.runtime.lstm import torch_lstm
 from symfuse.te.rules import conv2d_rule, linear_rule, matmul_rule
 
@@ -148,4 +149,35 @@ defop(
     ref=torch_lstm,
     constraints="input features tie to weight_ih_l0; states are [layers * directions, batch, hidden]",
     doc="a multi-layer LSTM; outputs (output, h_n, c_n)",
+)
+
+
+def _paged_attention_shape(ctx, q, k, v, k_pool, v_pool, table, lengths, scale, window):
+    for t, rank, what in ((q, 4, "q"), (k, 4, "k"), (v, 4, "v"), (k_pool, 4, "k_pool"), (v_pool, 4, "v_pool"),
+                          (table, 2, "table"), (lengths, 1, "lengths")):  # fmt: skip
+        if t.rank != rank:
+            raise ctx.error(f"paged_attention: {what} must be {rank}-D, got {t}")
+    for d in range(4):
+        ctx.eq(k.shape[d], v.shape[d], "paged_attention: new keys and values are both [B, Hkv, S, D]")
+        ctx.eq(k_pool.shape[d], v_pool.shape[d], "paged_attention: the key and value pools are alike")
+    ctx.eq(q.shape[0], k.shape[0], "paged_attention: queries and new keys share the batch")
+    ctx.eq(q.shape[2], k.shape[2], "paged_attention: one new key per new query")
+    ctx.eq(q.shape[3], k.shape[3], "paged_attention: queries and keys have one head size")
+    ctx.eq(k_pool.shape[1], k.shape[1], "paged_attention: the pools hold the kv heads")
+    ctx.eq(k_pool.shape[3], k.shape[3], "paged_attention: the pools hold the head size")
+    ctx.eq(table.shape[0], q.shape[0], "paged_attention: one block-table row per sequence")
+    ctx.eq(lengths.shape[0], q.shape[0], "paged_attention: one past length per sequence")
+    return q.shape
+
+
+defop(
+    "paged_attention",
+    Kind.OPAQUE,
+    ("q", "k", "v", "k_pool", "v_pool", "table", "lengths"),
+    ("scale", "window"),
+    shape=_paged_attention_shape,
+    dtype=same_dtype(0),
+    ref=paged_attention,
+    constraints="q[B, Hq, S, D], k/v[B, Hkv, S, D], pools[N, Hkv, BLOCK, D], table[B, M], lengths[B]; Hkv divides Hq",
+    doc="causal attention of new tokens over each sequence's cached past (read through a block table) and themselves",
 )
