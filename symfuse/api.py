@@ -16,8 +16,8 @@ from symfuse.ir.verify import verify
 from symfuse.options import Options
 from symfuse.passes import PIPELINE
 from symfuse.reference import ReferenceExecutor
-from symfuse.runtime.guard import GuardSpec
 from symfuse.runtime.decoder import Decoder
+from symfuse.runtime.guard import GuardSpec
 from symfuse.runtime.module import BACKENDS, CompiledModule, Signature
 from symfuse.shape.guards import guard_spec
 from symfuse.source import Compiled

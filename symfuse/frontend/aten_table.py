@@ -1061,4 +1061,6 @@ def _lstm(cv, a):
 @converts(torch.ops.symfuse.paged_attention.default)
 def _paged_attention(cv, a):
     names = ("q", "k", "v", "k_pool", "v_pool", "table", "lengths")
-    return cv.emit("paged_attention", [cv.tensor(a[n]) for n in names], scale=float(a["scale"]), window=int(a["window"]))
+    return cv.emit(
+        "paged_attention", [cv.tensor(a[n]) for n in names], scale=float(a["scale"]), window=int(a["window"])
+    )

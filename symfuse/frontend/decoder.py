@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from symfuse.errors import CaptureError
-from symfuse.frontend.torch_export import Captured, capture
 from symfuse.frontend import paged as _paged  # noqa: F401  (registers symfuse::paged_attention)
+from symfuse.frontend.torch_export import Captured, capture
 from symfuse.runtime import kv as _kv
 from symfuse.runtime.decoder import DecoderSpec
 

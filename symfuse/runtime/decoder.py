@@ -167,7 +167,9 @@ class Decoder:
                     f"prompt {i}: {len(p)} tokens + max_new_tokens {max_new_tokens} = {len(p) + max_new_tokens} "
                     f"exceeds the model's context of {self.spec.context} positions"
                 )
-        eos = set(self.spec.eos if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
+        eos = set(
+            self.spec.eos if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
+        )
         rule = Sampling(do_sample, temperature, top_k, top_p, seed)
         cache = cache if cache is not None else self.new_cache()
         self._own(cache)

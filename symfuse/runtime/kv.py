@@ -89,7 +89,9 @@ class KVCache:
     ) -> None:  # fmt: skip
         self.owner, self.layers, self.kv_heads, self.head_dim = owner, layers, kv_heads, head_dim
         self.context, self.dtype, self.device = context, dtype, device
-        self.pools = [torch.zeros(blocks, kv_heads, BLOCK, head_dim, dtype=dtype, device=device) for _ in range(2 * layers)]
+        self.pools = [
+            torch.zeros(blocks, kv_heads, BLOCK, head_dim, dtype=dtype, device=device) for _ in range(2 * layers)
+        ]
         self.free = list(range(blocks - 1, -1, -1))  # popped from the end: lowest first
         self.sequences: dict[int, Sequence] = {}
         self._next = 0

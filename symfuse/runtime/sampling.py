@@ -18,7 +18,9 @@ class Sampling:
 
     def __post_init__(self) -> None:
         if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature} (for greedy decoding leave do_sample off)")
+            raise ValueError(
+                f"temperature must be > 0, got {self.temperature} (for greedy decoding leave do_sample off)"
+            )
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
