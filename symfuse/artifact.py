@@ -18,6 +18,7 @@ from dataclasses import replace
 from symfuse.options import Options
 from symfuse.runtime.artifact import ArtifactError, Saved, decode_spec, read
 from symfuse.runtime.code import Tile
+from symfuse.runtime.decoder import Decoder, read_spec
 from symfuse.runtime.module import BACKENDS, CompiledModule, Signature
 from symfuse.runtime.native import Backend, link
 from symfuse.runtime.switches import Threshold, by_hand
@@ -27,9 +28,15 @@ from symfuse.source import Saved as SavedSource
 log = logging.getLogger("symfuse")
 
 
-def load(path: str, **options) -> CompiledModule:
-    """The module saved in folder `path`; `options` as for `symfuse.compile` (cxx, isa,
-    cache_dir, machine_dir, thresholds)."""
+def load(path: str, **options) -> CompiledModule | Decoder:
+    """The module saved in folder `path` (a `Decoder` where a compiled causal LM was saved);
+    `options` as for `symfuse.compile` (cxx, isa, cache_dir, machine_dir, thresholds)."""
+    module = _module(path, **options)
+    spec = read_spec(path)
+    return Decoder(module, spec) if spec is not None else module
+
+
+def _module(path: str, **options) -> CompiledModule:
     opts = Options.from_env(**options)
     if opts.backend != "cpu":
         raise ArtifactError(f"an artifact runs on the cpu backend, not {opts.backend!r}")

@@ -347,5 +347,5 @@ def _is_compute(line: str) -> bool:
     starts = ("k.", "te_", "matmul(", "launch(", "if ", "else:")
     if ".copy_(sdpa(" in line:
         return True
-    calls = (" = linear(", " = conv(", " = op_", " = lstm(", " = in_layout(sdpa(", "+=")
+    calls = (" = linear(", " = conv(", " = op_", " = lstm(", " = paged(", " = in_layout(sdpa(", "+=")
     return line.startswith(starts) or any(c in line for c in calls)

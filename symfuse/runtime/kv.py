@@ -13,6 +13,7 @@ that the tests compare with it.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 
 import torch
@@ -171,3 +172,36 @@ class KVCache:
             pool[block, :, slot] = new.permute(0, 2, 1, 3).reshape(-1, new.shape[1], new.shape[3]).to(pool.dtype)
         for seq in seqs:
             seq.length += s
+
+
+def _float_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def run_paged_attention(fn, q, k, v, k_pool, v_pool, table, lengths, scale: float, window: int) -> torch.Tensor:
+    """`paged_attention` on the library's kernel `fn` (`sf_paged_attention`, float32), after
+    checking what it will read: a block-table entry outside the pools or a past longer than
+    a row of the table would read past the pools' end."""
+    if any(t.dtype != torch.float32 for t in (q, k, v, k_pool, v_pool)):
+        return paged_attention(q, k, v, k_pool, v_pool, table, lengths, scale, window)
+    b, hq, s, d = q.shape
+    hkv, block = k.shape[1], k_pool.shape[2]
+    blocks, width = k_pool.shape[0], table.shape[1]
+    if b and (int(lengths.min()) < 0 or int(lengths.max()) > width * block):
+        raise IndexError(
+            f"paged_attention: past lengths {lengths.tolist()} outside [0, {width * block}] (table width x block)"
+        )
+    if b and table.numel() and (int(table.min()) < 0 or int(table.max()) >= blocks):
+        raise IndexError(f"paged_attention: block table holds entries outside [0, {blocks}) (the pools' blocks)")
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    k_pool, v_pool = k_pool.contiguous(), v_pool.contiguous()
+    table, lengths = table.to(torch.int64).contiguous(), lengths.to(torch.int64).contiguous()
+    out = torch.empty((b, hq, s, d), dtype=torch.float32)
+    dims = torch.tensor(
+        [b, hq, hkv, s, d, width, block, window, _float_bits(scale), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3]],
+        dtype=torch.int64,
+    )
+    if out.numel():
+        fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), table.data_ptr(),
+           lengths.data_ptr(), out.data_ptr(), dims.data_ptr())  # fmt: skip
+    return out

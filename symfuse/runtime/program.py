@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from symfuse.runtime.call import MAX_ARGS
+from symfuse.runtime.kv import run_paged_attention
 from symfuse.runtime.lstm import run_lstm
 
 DIV_BY_ZERO = -(2**63)  # the extent that marks an integer division by zero in the error slot (c.py)
@@ -122,6 +123,10 @@ class Program(HostProgram):
             )
             lib.sf_lstm_input.restype = None
             ks.sf_lstm_input = lib.sf_lstm_input
+        if hasattr(lib, "sf_paged_attention"):  # (q, k, v, k_pool, v_pool, table, lengths, out, dims)
+            lib.sf_paged_attention.argtypes = [ctypes.c_void_p] * 9
+            lib.sf_paged_attention.restype = None
+            ks.sf_paged_attention = lib.sf_paged_attention
         if caller is not None:  # the same functions, called with less overhead (all take integers)
             for name, f in list(vars(ks).items()):
                 if len(f.argtypes) <= MAX_ARGS:
@@ -153,6 +158,7 @@ class Program(HostProgram):
             "matmul": torch.matmul,
             "conv": _portable(torch.ops.mkldnn._convolution_pointwise),
             "sdpa": torch.nn.functional.scaled_dot_product_attention,
+            "paged": run_paged_attention,
             "lstm": functools.partial(run_lstm, project=getattr(ks, "sf_lstm_input", None)),
             "torch": torch,
             "now": time.perf_counter,

@@ -23,6 +23,7 @@ from symfuse.codegen.cpu.gemm import gemm_source, has_bf16_rows, pack_panels, ti
 from symfuse.codegen.cpu.host import generate_host
 from symfuse.codegen.cpu.kernel import KernelSource, emit_kernel
 from symfuse.codegen.cpu.lstm import LSTM_SOURCE
+from symfuse.codegen.cpu.paged import PAGED_SOURCE
 from symfuse.codegen.host import opaque_functions
 from symfuse.codegen.precision import PRECISIONS, cast_boundary, half_storage
 from symfuse.codegen.stages import share
@@ -122,7 +123,8 @@ def generate(
     gemm = gemm_source(tile, bf16, multiply) if host.panels or merged else ""
     own = "\n\n".join(k.source for k in kernels.values() if not k.function)
     run = "\n" + host.run.source if host.run else ""  # the whole call, where every step is the library's
-    source = preamble(target) + gemm + (LSTM_SOURCE if host.lstm else "") + "\n" + own + "\n" + run
+    library = (LSTM_SOURCE if host.lstm else "") + (PAGED_SOURCE if host.paged else "")
+    source = preamble(target) + gemm + library + "\n" + own + "\n" + run
     return Generated(prog, fp, sched, kernels, gathers, host, source, tile, symbols)
 
 
