@@ -1,0 +1,255 @@
+"""Decoders: a transformers causal LM compiled once, generating over a paged key/value cache.
+
+Small GPT-2 and Llama (grouped-query) configs with seeded random weights; every check is
+against the eager model, and none may compile again.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+import symfuse
+from symfuse.runtime.kv import BLOCK, CacheError, paged_attention
+
+VOCAB = 120
+
+
+def _gpt2():
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=256)).eval()
+
+
+def _llama():
+    torch.manual_seed(1)
+    config = LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=8, num_key_value_heads=2,
+                         intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=256)  # fmt: skip
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def compiled(request):
+    model = {"gpt2": _gpt2, "llama": _llama}[request.param]()
+    before = symfuse.compile_count()
+    decoder = symfuse.compile(model)
+    assert symfuse.compile_count() == before + 1
+    return model, decoder
+
+
+def _greedy_ref(model, ids: torch.Tensor, n: int) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)  # fmt: skip
+
+
+def test_teacher_forced_logits_match_eager_over_a_growing_past(compiled):
+    model, decoder = compiled
+    before = symfuse.compile_count()
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, VOCAB, (3, 100), generator=g)
+    with torch.no_grad():
+        full = model(ids, use_cache=False).logits
+    cache = decoder.new_cache(blocks=1)  # grows while decoding
+    seqs = [cache.add() for _ in range(3)]
+    worst = float((decoder.forward(cache, seqs, ids[:, :17]) - full[:, 16]).abs().max())
+    for t in range(17, 100):  # past lengths 17..99: across block edges (multiples of 16) and primes
+        logits = decoder.forward(cache, seqs, ids[:, t : t + 1])
+        worst = max(worst, float((logits - full[:, t]).abs().max()))
+    assert worst < 1e-4 * max(1.0, float(full.abs().max()))
+    assert [s.length for s in seqs] == [100, 100, 100]
+    assert symfuse.compile_count() == before
+
+
+@pytest.mark.parametrize("prompt", [1, 2, 13, 16, 31])
+def test_greedy_generation_equals_eager_generate(compiled, prompt):
+    model, decoder = compiled
+    before = symfuse.compile_count()
+    ids = torch.randint(0, VOCAB, (2, prompt), generator=torch.Generator().manual_seed(prompt))
+    out = decoder.generate(ids, max_new_tokens=20, eos_token_id=[])
+    assert torch.equal(out, _greedy_ref(model, ids, 20))
+    assert symfuse.compile_count() == before
+
+
+def test_a_batch_of_different_prompt_lengths_generates_as_each_alone(compiled):
+    model, decoder = compiled
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (3, 17, 1, 40)]
+    together = decoder.generate(prompts, max_new_tokens=15, eos_token_id=[])
+    for p, t in zip(prompts, together):
+        assert t == _greedy_ref(model, torch.tensor([p]), 15)[0].tolist()
+
+
+def test_generation_stops_at_eos_and_pads_the_batch(compiled):
+    _, decoder = compiled
+    ids = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(9))
+    free = decoder.generate(ids, max_new_tokens=10, eos_token_id=[])
+    eos = int(free[0, 7])  # the first row's third new token ends it
+    out = decoder.generate(ids, max_new_tokens=10, eos_token_id=eos, pad_token_id=VOCAB + 1)
+    first = out[0].tolist()
+    end = first.index(eos, 5) + 1  # (the token may be in the prompt too)
+    assert end <= 8 and first[:end] == free[0, :end].tolist()
+    assert first[end:] == [VOCAB + 1] * (15 - end)
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy(compiled):
+    _, decoder = compiled
+    ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(2))
+    a = decoder.generate(ids, 12, do_sample=True, temperature=0.8, top_p=0.9, seed=7, eos_token_id=[])
+    b = decoder.generate(ids, 12, do_sample=True, temperature=0.8, top_p=0.9, seed=7, eos_token_id=[])
+    assert torch.equal(a, b)
+    greedy = decoder.generate(ids, 12, eos_token_id=[])
+    assert torch.equal(decoder.generate(ids, 12, do_sample=True, top_k=1, seed=3, eos_token_id=[]), greedy)
+
+
+def test_transformers_generate_runs_on_the_compiled_decoder(compiled):
+    model, decoder = compiled
+    lm = symfuse.ForCausalLM(decoder, model.config, model.generation_config)
+    ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # left padding, as transformers' tokenizers pad a batch for generation
+    kw = dict(attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        assert torch.equal(lm.generate(ids, **kw), model.generate(ids, **kw))
+
+
+def test_the_cache_gives_blocks_back_and_refuses_misuse(compiled):
+    _, decoder = compiled
+    cache = decoder.new_cache(blocks=2)
+    seq = cache.add()
+    decoder.forward(cache, [seq], torch.zeros(1, 3 * BLOCK + 1, dtype=torch.int64))
+    assert len(seq.blocks) == 4 and cache.capacity >= 4
+    free = len(cache.free)
+    cache.remove(seq)
+    assert len(cache.free) == free + 4
+    with pytest.raises(CacheError, match="removed"):
+        decoder.forward(cache, [seq], torch.zeros(1, 1, dtype=torch.int64))
+    other = symfuse.runtime.kv.KVCache("another model", 1, 1, 8, 64)
+    with pytest.raises(CacheError, match="made for another model"):
+        decoder.forward(other, [other.add()], torch.zeros(1, 1, dtype=torch.int64))
+    with pytest.raises(ValueError, match="exceeds the model's context of 256"):
+        decoder.generate(torch.zeros(1, 250, dtype=torch.int64), max_new_tokens=10)
+    with pytest.raises(ValueError, match="token 120 is outside the vocabulary"):
+        decoder.generate(torch.full((1, 3), VOCAB), max_new_tokens=1)
+
+
+def test_a_cancelled_generation_leaves_cache_and_decoder_usable(compiled):
+    model, decoder = compiled
+    cache = decoder.new_cache()
+    ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(6))
+
+    def stop(i, token):
+        if len(seen) == 5:
+            raise KeyboardInterrupt
+        seen.append(token)
+
+    seen: list[int] = []
+    with pytest.raises(KeyboardInterrupt):
+        decoder.generate(ids, 30, on_token=stop, cache=cache, eos_token_id=[])
+    assert not cache.sequences and len(cache.free) == cache.capacity
+    assert torch.equal(decoder.generate(ids, 10, cache=cache, eos_token_id=[]), _greedy_ref(model, ids, 10))
+
+
+def test_two_threads_generate_at_once_with_their_own_caches(compiled):
+    model, decoder = compiled
+    ids = [torch.randint(0, VOCAB, (1, n), generator=torch.Generator().manual_seed(n)) for n in (5, 11)]
+    got: dict[int, torch.Tensor] = {}
+
+    def work(i):
+        for _ in range(3):
+            got[i] = decoder.generate(ids[i], 12, eos_token_id=[])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(2):
+        assert torch.equal(got[i], _greedy_ref(model, ids[i], 12))
+
+
+def test_a_sliding_window_model_generates_as_eager():
+    torch.manual_seed(2)
+    config = MistralConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                           intermediate_size=128, vocab_size=VOCAB, sliding_window=8, max_position_embeddings=128)  # fmt: skip
+    model = MistralForCausalLM(config).eval()
+    decoder = symfuse.compile(model)
+    ids = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        full = model(ids, use_cache=False).logits
+    cache = decoder.new_cache()
+    seq = cache.add()
+    worst = float((decoder.forward(cache, [seq], ids[:, :20]) - full[:, 19]).abs().max())
+    for t in range(20, 40):
+        worst = max(worst, float((decoder.forward(cache, [seq], ids[:, t : t + 1]) - full[:, t]).abs().max()))
+    assert worst < 1e-4 * max(1.0, float(full.abs().max()))
+
+
+class _Paged(torch.nn.Module):
+    def __init__(self, scale: float, window: int) -> None:
+        super().__init__()
+        self.scale, self.window = scale, window
+
+    def forward(self, q, k, v, k_pool, v_pool, table, lengths):
+        return torch.ops.symfuse.paged_attention(q, k, v, k_pool, v_pool, table, lengths, self.scale, self.window)
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_the_native_paged_attention_kernel_matches_its_reference(window):
+    hq, hkv, d = 6, 2, 20  # d not a multiple of any vector width
+    dyn = {"q": {0: "B", 2: "S"}, "k": {0: "B", 2: "S"}, "v": {0: "B", 2: "S"}, "k_pool": {0: "N"},
+           "v_pool": {0: "N"}, "table": {0: "B", 1: "M"}, "lengths": {0: "B"}}  # fmt: skip
+
+    def case(lengths: list[int], s: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        b, width = len(lengths), max(1, max(-(-(n + s) // BLOCK) for n in lengths))
+        blocks = b * width + 3
+        table = torch.randperm(blocks, generator=g)[: b * width].view(b, width)  # blocks scattered in the pools
+        return (torch.randn(b, hq, s, d, generator=g), torch.randn(b, hkv, s, d, generator=g),
+                torch.randn(b, hkv, s, d, generator=g), torch.randn(blocks, hkv, BLOCK, d, generator=g),
+                torch.randn(blocks, hkv, BLOCK, d, generator=g), table, torch.tensor(lengths))  # fmt: skip
+
+    module = symfuse.compile(_Paged(0.3, window), case([3, 5], 2, 0), dyn)
+    assert "paged(k.sf_paged_attention" in module.native.host.source
+    before = symfuse.compile_count()
+    for i, (lengths, s) in enumerate([([0], 1), ([0], 37), ([1], 1), ([16, 0, 31], 1), ([700], 1), ([5, 64, 129], 4),
+                                      ([2, 3], 16), ([250], 7)]):  # fmt: skip
+        x = case(lengths, s, i)
+        want = paged_attention(*x, 0.3, window)
+        assert torch.allclose(module(*x), want, atol=1e-5, rtol=1e-4), (lengths, s)
+    assert symfuse.compile_count() == before
+    bad = list(case([3], 1, 0))
+    bad[5] = torch.full_like(bad[5], 10**6)
+    with pytest.raises(IndexError, match="block table holds entries outside"):
+        module(*bad)
+
+
+def test_a_saved_decoder_generates_in_a_fresh_process_without_transformers(compiled, tmp_path):
+    model, decoder = compiled
+    path = str(tmp_path / "decoder")
+    decoder.save(path)
+    ids = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(11))
+    want = _greedy_ref(model, ids, 16)
+    child = textwrap.dedent(
+        f"""
+        import sys
+        class NoTransformers:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "transformers":
+                    raise ImportError("transformers is not installed here")
+        sys.meta_path.insert(0, NoTransformers())
+        import torch, symfuse
+        d = symfuse.load({path!r})
+        out = d.generate(torch.tensor({ids.tolist()}), max_new_tokens=16, eos_token_id=[])
+        print("OUT", out.tolist(), symfuse.compile_count(), type(d).__name__)
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    line = next(ln for ln in run.stdout.splitlines() if ln.startswith("OUT"))
+    assert line == f"OUT {want.tolist()} 0 Decoder"
