@@ -324,9 +324,79 @@ def _bench_gpu(args) -> int:
 
 
 def cmd_models(args) -> int:
-    from symfuse.models import BUILTIN
+    from symfuse.models import BUILTIN, DECODERS
 
     print("\n".join(BUILTIN))
+    print("decoders (symfuse generate): " + ", ".join(DECODERS))
+    return 0
+
+
+def _prompts(args, folder: str | None, vocab: int):
+    """(prompts as token lists, tokenizer or None) from --prompt, --prompt-ids or --prompt-len."""
+    tokenizer = None
+    if args.prompt is not None:
+        if folder is None or not os.path.exists(os.path.join(folder, "tokenizer_config.json")):
+            raise ValueError(
+                "--prompt needs a tokenizer saved beside the decoder (tokenizer.save_pretrained(DIR)); "
+                "the built-in decoders have random weights and none: give --prompt-ids or --prompt-len"
+            )
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        prompt = tokenizer(args.prompt)["input_ids"]
+        return [list(prompt)] * args.batch, tokenizer
+    if args.prompt_ids:
+        try:
+            prompt = [int(t) for t in args.prompt_ids.split(",")]
+        except ValueError:
+            raise ValueError(f"--prompt-ids {args.prompt_ids!r}: expected token ids separated by commas") from None
+        return [prompt] * args.batch, None
+    g = torch.Generator().manual_seed(args.seed or 0)
+    return [torch.randint(0, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(args.batch)], None
+
+
+def cmd_generate(args) -> int:
+    import statistics
+
+    import symfuse
+    from symfuse.models import load_decoder
+    from symfuse.runtime.decoder import Decoder
+
+    folder = args.target if os.path.isdir(args.target) else None
+    t0 = time.perf_counter()
+    if folder is not None:
+        decoder = symfuse.load(folder)
+        if not isinstance(decoder, Decoder):
+            raise ValueError(f"{folder} holds a compiled model that does not generate (no decoder.json); "
+                             "symfuse run runs it")  # fmt: skip
+        print(f"loaded {decoder.spec.model} from {folder} in {time.perf_counter() - t0:.2f}s")
+    else:
+        model = load_decoder(args.target)
+        t0 = time.perf_counter()
+        decoder = symfuse.compile(model, precision=args.precision)
+        print(f"compiled {args.target} ({decoder.spec.model}) once in {time.perf_counter() - t0:.2f}s")
+        if args.save:
+            decoder.save(args.save)
+            print(f"saved to {args.save}: symfuse generate {args.save} --prompt-len 16")
+    prompts, tokenizer = _prompts(args, folder, decoder.spec.vocab)
+    options = dict(do_sample=args.sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                   seed=args.seed)  # fmt: skip
+    decoder.generate(prompts, max_new_tokens=2, **options)  # warm-up: first-call allocations are not timed
+    out = decoder.generate(prompts, max_new_tokens=args.max_new_tokens, **options)
+    t = decoder.last
+    steps = sorted(t.steps) or [0.0]
+    print(
+        f"batch {len(prompts)}, prompt {len(prompts[0])} tokens, {t.new_tokens} new tokens in {t.seconds:.3f}s: "
+        f"{t.tokens_per_second:.1f} tokens/s"
+    )
+    print(f"time to first token {1e3 * t.first_token:.1f} ms")
+    print(
+        f"per-token latency: median {1e3 * statistics.median(steps):.2f} ms, "
+        f"p90 {1e3 * steps[int(0.9 * (len(steps) - 1))]:.2f} ms over {len(t.steps)} decoding steps"
+    )
+    for row in out[: args.show]:
+        new = row[len(prompts[0]) :]
+        print("new tokens:", tokenizer.decode(new) if tokenizer is not None else " ".join(map(str, new)))
     return 0
 
 
@@ -419,6 +489,23 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("action", choices=("info", "clear"))
     k.add_argument("--all", action="store_true", help="clear: also the detected targets and switch points")
     k.set_defaults(fn=cmd_cache)
+    g = sub.add_parser("generate", help="generate text with a built-in decoder or a saved one; report its speed")
+    g.add_argument("target", help="a built-in decoder (gpt2, tinyllama, ...) or a folder a Decoder was saved to")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="text (needs a tokenizer saved in the folder)")
+    src.add_argument("--prompt-ids", help="token ids, e.g. 464,2068,318")
+    src.add_argument("--prompt-len", type=int, default=16, help="a random prompt of this many tokens (default)")
+    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--batch", type=int, default=1, help="sequences generated together")
+    g.add_argument("--sample", action="store_true", help="sample (else greedy)")
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--precision", default="fp32", help=PRECISION_HELP)
+    g.add_argument("--save", help="also save the compiled decoder to this folder")
+    g.add_argument("--show", type=int, default=1, help="print the new tokens of this many sequences")
+    g.set_defaults(fn=cmd_generate)
     m = sub.add_parser("models", help="list the built-in models")
     m.set_defaults(fn=cmd_models)
     args = p.parse_args(argv)

@@ -267,3 +267,47 @@ def load(name: str) -> ModelCase:
         return BUILTIN[name]()
     except KeyError:
         raise ValueError(f"unknown model {name!r}; built-in models: {', '.join(BUILTIN)}") from None
+
+
+# -- decoders: causal LMs for `symfuse generate` and `symfuse bench --task generate` -----------
+
+
+def _seeded(make):
+    torch.manual_seed(0)
+    return make().eval()
+
+
+def gpt2_decoder(layers: int = 12, hidden: int = 768, heads: int = 12, vocab: int = 50257) -> torch.nn.Module:
+    """GPT-2 (124M at the defaults): learned positions, 1,024 of them."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return _seeded(lambda: GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=vocab)))
+
+
+def llama_decoder(
+    layers: int = 22, hidden: int = 2048, heads: int = 32, kv_heads: int = 4, ffn: int = 5632, vocab: int = 32000
+) -> torch.nn.Module:
+    """A Llama (TinyLlama's 1.1B shape at the defaults): RoPE, RMSNorm, SwiGLU, grouped-query
+    attention (8 query heads per kv head), 2,048 positions."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        intermediate_size=ffn, vocab_size=vocab, max_position_embeddings=2048, tie_word_embeddings=False,
+    )  # fmt: skip
+    return _seeded(lambda: LlamaForCausalLM(config))
+
+
+DECODERS: dict[str, Callable[[], torch.nn.Module]] = {
+    "gpt2": gpt2_decoder,
+    "tinyllama": llama_decoder,
+    "gpt2-tiny": lambda: gpt2_decoder(layers=2, hidden=128, heads=4, vocab=1000),
+    "llama-tiny": lambda: llama_decoder(layers=2, hidden=128, heads=8, kv_heads=2, ffn=256, vocab=1000),
+}
+
+
+def load_decoder(name: str) -> torch.nn.Module:
+    try:
+        return DECODERS[name]()
+    except KeyError:
+        raise ValueError(f"unknown decoder {name!r}; built-in decoders: {', '.join(DECODERS)}") from None
