@@ -266,6 +266,8 @@ def cmd_bench(args) -> int:
 
     if args.device != "cpu":
         return _bench_gpu(args)
+    if args.task == "generate":
+        return _bench_generate(args)
 
     # "all": every fp32 engine; the bf16 ones (symfuse-bf16, openvino-bf16) when named
     every = [e for e in ENGINES if not e.endswith("bf16")]
@@ -302,6 +304,24 @@ def cmd_bench(args) -> int:
     print(report.terminal(result))
     paths = report.write(result, out_dir)
     print("\nwrote " + ", ".join(f"{k}: {v}" for k, v in paths.items()))
+    return 0
+
+
+def _bench_generate(args) -> int:
+    from symfuse.bench import generate
+
+    models = [m.strip() for m in (args.model if args.model != "bert-small" else "gpt2").split(",")]
+    engines = list(generate.ENGINES) if args.engines == "all" else [e.strip() for e in args.engines.split(",")]
+    unknown = [e for e in engines if e not in generate.ENGINES]
+    if unknown:
+        raise ValueError(f"unknown generate engine(s) {', '.join(unknown)}; engines: {', '.join(generate.ENGINES)}")
+    batches = [int(x) for x in (args.batch or "1,8").split(",")]
+    prompts = [int(x) for x in (args.seq or "16,128,512").split(",")]
+    out_dir = args.out or os.path.join("symfuse-results", "generate")
+    text = generate.run(models, engines, batches, prompts, args.new_tokens, out_dir,
+                        progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))  # fmt: skip
+    print(text)
+    print(f"wrote {os.path.join(out_dir, 'generate.md')}")
     return 0
 
 
@@ -418,6 +438,14 @@ def main(argv: list[str] | None = None) -> int:
     e.set_defaults(fn=cmd_explain)
     b = sub.add_parser("bench", help="compare symfuse with eager, torch.compile, ONNX Runtime and OpenVINO")
     b.add_argument("--model", default="bert-small")
+    b.add_argument(
+        "--task",
+        choices=("infer", "generate"),
+        default="infer",
+        help="generate: text generation with decoders (--model gpt2,tinyllama; --seq is the prompt lengths; "
+        "engines symfuse, eager, torch-compile)",
+    )
+    b.add_argument("--new-tokens", type=int, default=128, help="with --task generate: tokens generated per prompt")
     b.add_argument("--engines", default="all", help="comma-separated engines, or 'all'")
     b.add_argument("--batch", help="batch sizes, e.g. 1,2,4,8")
     b.add_argument("--seq", help="sequence lengths, e.g. 16,33,64,128,200,384")
