@@ -253,3 +253,16 @@ def test_a_saved_decoder_generates_in_a_fresh_process_without_transformers(compi
     assert run.returncode == 0, run.stderr[-3000:]
     line = next(ln for ln in run.stdout.splitlines() if ln.startswith("OUT"))
     assert line == f"OUT {want.tolist()} 0 Decoder"
+
+
+def test_symfuse_generate_compiles_saves_and_reports_speed(tmp_path, capsys):
+    from symfuse.cli import main
+
+    path = str(tmp_path / "tiny")
+    assert main(["generate", "llama-tiny", "--max-new-tokens", "6", "--save", path]) == 0
+    assert main(["generate", path, "--prompt-ids", "1,2,3", "--batch", "2", "--max-new-tokens", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "batch 2, prompt 3 tokens, 10 new tokens" in out
+    assert "time to first token" in out and "per-token latency: median" in out
+    assert main(["generate", path, "--prompt", "hello"]) == 2
+    assert "needs a tokenizer saved beside the decoder" in capsys.readouterr().err

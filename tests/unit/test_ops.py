@@ -110,6 +110,10 @@ CASES = {
         {"stride": (2, 1), "padding": (1, 0), "dilation": (1, 1), "groups": 1},
     ),
     "sdpa": ([T("B,2,S,4"), T("B,2,S,4"), T("B,2,S,6"), None], {"is_causal": True, "scale": None}),
+    "paged_attention": (  # 6 blocks of 16 tokens, 3 a sequence: pasts of up to 39 tokens
+        [T("B,4,S,8"), T("B,2,S,8"), T("B,2,S,8"), T("6,2,16,8"), T("6,2,16,8"), T("B,3", I64, 6), T("B", I64, 40)],
+        {"scale": 0.35, "window": 0},
+    ),
     "lstm": (
         [T("B,S,4"), None, None, *LSTM_PARAMS],
         dict(num_layers=1, bidirectional=False, batch_first=True, has_biases=True, hidden_size=6),
