@@ -485,7 +485,9 @@ def _explained(e: Exception) -> Exception:
     cls = m.group(1)
     hint = (
         "it is the key/value cache a transformers model returns with use_cache on: give `use_cache=False` "
-        "among the example inputs (or set model.config.use_cache = False) and compile again"
+        "among the example inputs (or set model.config.use_cache = False) and compile again; to generate text, "
+        "compile the causal LM (a ...ForCausalLM) with no example: symfuse.compile(model) gives a Decoder that "
+        "owns its cache (docs/generation.md)"
         if "cache" in cls.lower()
         else "return tensors (or tuples, lists and dicts of them) from forward"
     )

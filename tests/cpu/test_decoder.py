@@ -175,8 +175,10 @@ def test_two_threads_generate_at_once_with_their_own_caches(compiled):
 
 def test_a_sliding_window_model_generates_as_eager():
     torch.manual_seed(2)
-    config = MistralConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                           intermediate_size=128, vocab_size=VOCAB, sliding_window=8, max_position_embeddings=128)  # fmt: skip
+    config = MistralConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        vocab_size=VOCAB, sliding_window=8, max_position_embeddings=128,
+    )  # fmt: skip
     model = MistralForCausalLM(config).eval()
     decoder = symfuse.compile(model)
     ids = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(8))
