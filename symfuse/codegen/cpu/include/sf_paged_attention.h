@@ -42,8 +42,8 @@ extern "C" void sf_paged_attention(const float* q, const float* k, const float* 
   float scale;
   const uint32_t bits = uint32_t(dims[8]);
   std::memcpy(&scale, &bits, sizeof scale);
-  const int64_t qb = dims[9], qh = dims[10], qs = dims[11], kb = dims[12], kh = dims[13], ks = dims[14],
-                vb = dims[15], vh = dims[16], vs = dims[17];
+  const int64_t qb = dims[9], qh = dims[10], qs = dims[11], kb = dims[12], kh = dims[13], ks = dims[14], vb = dims[15],
+                vh = dims[16], vs = dims[17];
   const int64_t G = Hq / Hkv;
   int64_t most = 0;  // the most keys a row sees: the chunking's scale
   for (int64_t b = 0; b < B; ++b) most = lengths[b] + S > most ? lengths[b] + S : most;
