@@ -17,6 +17,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 import symfuse
 from symfuse.runtime.kv import BLOCK, CacheError, paged_attention
+from symfuse.runtime.target import ISAS, cpuinfo_features, has_isa, machine_arch
 
 VOCAB = 120
 
@@ -201,8 +202,8 @@ class _Paged(torch.nn.Module):
         return torch.ops.symfuse.paged_attention(q, k, v, k_pool, v_pool, table, lengths, self.scale, self.window)
 
 
-@pytest.mark.parametrize("window", [0, 5])
-def test_the_native_paged_attention_kernel_matches_its_reference(window):
+@pytest.mark.parametrize("window,isa", [(0, None), (5, None), (5, "avx2"), (0, "generic")])
+def test_the_native_paged_attention_kernel_matches_its_reference(window, isa):
     hq, hkv, d = 6, 2, 20  # d not a multiple of any vector width
     dyn = {"q": {0: "B", 2: "S"}, "k": {0: "B", 2: "S"}, "v": {0: "B", 2: "S"}, "k_pool": {0: "N"},
            "v_pool": {0: "N"}, "table": {0: "B", 1: "M"}, "lengths": {0: "B"}}  # fmt: skip
@@ -216,7 +217,9 @@ def test_the_native_paged_attention_kernel_matches_its_reference(window):
                 torch.randn(b, hkv, s, d, generator=g), torch.randn(blocks, hkv, BLOCK, d, generator=g),
                 torch.randn(blocks, hkv, BLOCK, d, generator=g), table, torch.tensor(lengths))  # fmt: skip
 
-    module = symfuse.compile(_Paged(0.3, window), case([3, 5], 2, 0), dyn)
+    if isa == "avx2" and not has_isa(ISAS["avx2"], machine_arch(), cpuinfo_features()):
+        pytest.skip("this CPU does not run AVX2 code")  # (an x86 CPU without AVX2, or an ARM one: generic covers it)
+    module = symfuse.compile(_Paged(0.3, window), case([3, 5], 2, 0), dyn, **({"isa": isa} if isa else {}))
     assert "paged(k.sf_paged_attention" in module.native.host.source
     before = symfuse.compile_count()
     for i, (lengths, s) in enumerate([([0], 1), ([0], 37), ([1], 1), ([16, 0, 31], 1), ([700], 1), ([5, 64, 129], 4),
