@@ -62,7 +62,7 @@ class ForCausalLM(PreTrainedModel, GenerationMixin):
 
     @property
     def device(self) -> torch.device:  # (the weights live in the compiled program, not in parameters)
-        return torch.device(str(getattr(self.decoder.step.options, "device", "cpu")))
+        return self.decoder.device
 
     @property
     def dtype(self) -> torch.dtype:
@@ -89,7 +89,7 @@ class ForCausalLM(PreTrainedModel, GenerationMixin):
             prompts = [row[k].tolist() for row, k in zip(new, keep)]
             logits = self.decoder.prefill(session.cache, session.seqs, prompts)
         else:
-            logits = torch.empty(new.shape[0], self.decoder.spec.vocab)
+            logits = torch.empty(new.shape[0], self.decoder.spec.vocab, device=self.decoder.device)
             for t in range(new.shape[1]):
                 logits = self.decoder.forward(session.cache, session.seqs, new[:, t : t + 1])
         session.seen = input_ids.shape[1]

@@ -66,6 +66,7 @@ class Decoder:
 
     def __init__(self, step: Any, spec: DecoderSpec) -> None:
         self.step, self.spec = step, spec
+        self.device = torch.device(getattr(step.options, "device", None) or "cpu")  # where the step runs
         self.last = Timings()  # the last generate call's timings
 
     def __repr__(self) -> str:
@@ -79,7 +80,7 @@ class Decoder:
     def new_cache(self, blocks: int = 8) -> KVCache:
         """An empty cache for this decoder (pools of `blocks` blocks that grow when full)."""
         s = self.spec
-        return KVCache(s.fingerprint, s.layers, s.kv_heads, s.head_dim, s.context, blocks=blocks)
+        return KVCache(s.fingerprint, s.layers, s.kv_heads, s.head_dim, s.context, blocks=blocks, device=self.device)
 
     def _own(self, cache: KVCache) -> None:
         if not isinstance(cache, KVCache):
@@ -100,15 +101,15 @@ class Decoder:
             raise ValueError(f"input_ids: token {bad} is outside the vocabulary [0, {self.spec.vocab})")
         s = ids.shape[1]
         cache.reserve(seqs, s)
-        table, lengths = cache.table(seqs)
-        positions = lengths.view(-1, 1) + torch.arange(s).view(1, -1)
-        out = self.step(ids.to(torch.int64), positions, table, lengths, *cache.pools)
+        table, lengths = (t.to(self.device) for t in cache.table(seqs))
+        positions = lengths.view(-1, 1) + torch.arange(s, device=self.device).view(1, -1)
+        out = self.step(ids.to(self.device, torch.int64), positions, table, lengths, *cache.pools)
         cache.write(seqs, table, lengths, list(out[1:]))
         return out[0][:, -1]
 
     def prefill(self, cache: KVCache, seqs: list[Sequence], prompts: list[list[int]]) -> torch.Tensor:
         """Each sequence's prompt, prompts of one length together; the last logits `[B, vocab]`."""
-        logits = torch.empty(len(seqs), self.spec.vocab)
+        logits = torch.empty(len(seqs), self.spec.vocab, device=self.device)
         by_length: dict[int, list[int]] = {}
         for i, p in enumerate(prompts):
             if not p:

@@ -99,9 +99,12 @@ class GpuProgram(HostProgram):
                 torch.cuda.synchronize(device)
             return time.perf_counter()
 
+        from symfuse.runtime.kv_triton import paged_attention_gpu  # (imports triton)
+
         ns = {
             "workspace": self.workspaces.get,
             "Sym": new_error_slot,
+            "paged": paged_attention_gpu,
             "k": ks,
             "check": check,
             "launch": launch,

@@ -24,8 +24,8 @@ BLOCK = 16  # tokens per cache block: at most 15 tokens of a sequence's last blo
 def visible(lengths: torch.Tensor, s: int, keys: int, window: int) -> torch.Tensor:
     """[B, s, keys] bool: which keys (past, then the s new ones) each new query row sees:
     causal from its position `lengths[b] + i`, and within `window` positions where one is set."""
-    pos = lengths.view(-1, 1, 1) + torch.arange(s).view(1, -1, 1)
-    key = torch.arange(keys).view(1, 1, -1)
+    pos = lengths.view(-1, 1, 1) + torch.arange(s, device=lengths.device).view(1, -1, 1)
+    key = torch.arange(keys, device=lengths.device).view(1, 1, -1)
     seen = key <= pos
     if window:
         seen &= pos - key < window
@@ -165,7 +165,7 @@ class KVCache:
         """Store a step's new keys and values (`[B, Hkv, S, D]` per layer, k then v) after each
         sequence's past, and count them."""
         s = kv[0].shape[2]
-        pos = lengths.view(-1, 1) + torch.arange(s).view(1, -1)  # [B, S]
+        pos = lengths.view(-1, 1) + torch.arange(s, device=lengths.device).view(1, -1)  # [B, S]
         block = torch.gather(table, 1, pos // BLOCK).reshape(-1)
         slot = (pos % BLOCK).reshape(-1)
         for pool, new in zip(self.pools, kv):
