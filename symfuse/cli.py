@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=("infer", "generate"),
         default="infer",
         help="generate: text generation with decoders (--model gpt2,tinyllama; --seq is the prompt lengths; "
-        "engines symfuse, eager, torch-compile)",
+        "engines symfuse, eager, torch-compile, ctranslate2)",
     )
     b.add_argument("--new-tokens", type=int, default=128, help="with --task generate: tokens generated per prompt")
     b.add_argument("--engines", default="all", help="comma-separated engines, or 'all'")

@@ -9,22 +9,27 @@ measured here; of a prefill, its multiply-adds at the FMA peak.
 
 Engines: `symfuse` (compiled once; every shape runs on that one compilation), `eager`
 (transformers' `generate` with its DynamicCache), `torch-compile` (transformers' static
-cache with `torch.compile` on the forward, as its docs advise for speed).
+cache with `torch.compile` on the forward, as its docs advise for speed), `ctranslate2`
+(the model converted by CTranslate2's transformers converter, float32, its `generate_batch`;
+its per-token latency is the mean step, (whole generation - first token) / (new - 1), as it
+reports no step times for a batch).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
 import torch
 
-ENGINES = ("symfuse", "eager", "torch-compile")
+ENGINES = ("symfuse", "eager", "torch-compile", "ctranslate2")
 
 
 @dataclass
@@ -73,6 +78,37 @@ def _transformers(model, ids: torch.Tensor, new: int, **kw) -> tuple[float, list
     return stamps[0] - t0, [b - a for a, b in zip(stamps, stamps[1:])], None
 
 
+def _ctranslate2(model, tmp: str):
+    """The model converted for CTranslate2 (float32), with a word-level vocabulary `t0..tN` (the
+    built-in decoders have random weights and no tokenizer; CTranslate2 takes tokens as text)."""
+    import ctranslate2
+    from ctranslate2.converters import TransformersConverter
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(model.config.vocab_size)}, unk_token="t0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    model.save_pretrained(os.path.join(tmp, "hf"))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="t0", bos_token="t1", eos_token="t2")
+    tokenizer.save_pretrained(os.path.join(tmp, "hf"))
+    TransformersConverter(os.path.join(tmp, "hf")).convert(os.path.join(tmp, "ct2"), quantization="float32")
+    threads = torch.get_num_threads()
+    return ctranslate2.Generator(os.path.join(tmp, "ct2"), device="cpu", compute_type="float32", intra_threads=threads)
+
+
+def _ctranslate2_run(generator, ids: torch.Tensor, new: int) -> tuple[float, list[float], None]:
+    prompts = [[f"t{i}" for i in row] for row in ids.tolist()]
+    kw = dict(sampling_topk=1, include_prompt_in_result=False, end_token=[])
+    generator.generate_batch(prompts, max_length=new, min_length=new, **kw)  # warm-up
+    t0 = time.perf_counter()
+    generator.generate_batch(prompts, max_length=1, min_length=1, **kw)
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    generator.generate_batch(prompts, max_length=new, min_length=new, **kw)
+    whole = time.perf_counter() - t0
+    return first, [(whole - first) / max(1, new - 1)] * max(1, new - 1), None
+
+
 def worker(engine: str, model_name: str, shapes: list[tuple[int, int]], new: int) -> list[dict]:
     """Every shape on one engine, in this process."""
     from symfuse.models import load_decoder
@@ -84,11 +120,16 @@ def worker(engine: str, model_name: str, shapes: list[tuple[int, int]], new: int
         model.generation_config.cache_implementation = "static"
         model.forward = torch.compile(model.forward, dynamic=False)
     state = None
+    tmp = tempfile.mkdtemp(prefix="symfuse-bench-")
+    if engine == "ctranslate2":
+        state = _ctranslate2(model, tmp)
     runs = []
     for batch, prompt in shapes:
         ids = _prompts(batch, prompt, vocab)
         if engine == "symfuse":
             first, steps, state = _symfuse(model, ids, new, state)
+        elif engine == "ctranslate2":
+            first, steps, _ = _ctranslate2_run(state, ids, new)
         else:
             first, steps, _ = _transformers(model, ids, new)
         total = first + sum(steps)
@@ -96,6 +137,7 @@ def worker(engine: str, model_name: str, shapes: list[tuple[int, int]], new: int
                         batch * new / total).__dict__)  # fmt: skip
         print(f"  {engine} {model_name} batch {batch} prompt {prompt}: first token {runs[-1]['first_token_ms']:.1f} "
               f"ms, step {runs[-1]['step_ms']:.2f} ms", file=sys.stderr, flush=True)  # fmt: skip
+    shutil.rmtree(tmp, ignore_errors=True)
     return runs
 
 

@@ -271,3 +271,23 @@ def test_symfuse_generate_compiles_saves_and_reports_speed(tmp_path, capsys):
     assert "time to first token" in out and "per-token latency: median" in out
     assert main(["generate", path, "--prompt", "hello"]) == 2
     assert "needs a tokenizer saved beside the decoder" in capsys.readouterr().err
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_memory_returns_to_its_level_after_a_thousand_generations(compiled):
+    _, decoder = compiled
+    cache = decoder.new_cache()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, VOCAB, (1 + i % 29,), generator=g).tolist() for i in range(1000)]
+    for p in prompts[:100]:  # pools, workspaces and allocator caches reach their size
+        decoder.generate([p], 3, cache=cache, eos_token_id=[])
+    level = _rss_mb()
+    for p in prompts:
+        decoder.generate([p], 3, cache=cache, eos_token_id=[])
+    assert not cache.sequences and len(cache.free) == cache.capacity
+    assert _rss_mb() - level < 16, f"memory grew by {_rss_mb() - level:.1f} MB over 1,000 generations"
