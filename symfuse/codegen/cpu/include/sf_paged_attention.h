@@ -13,9 +13,7 @@
 // past is spread over every thread.
 // dims: B, Hq, Hkv, S, D, M, BLOCK, window, scale's float bits, then the strides of q, k and v
 // (b, h, s each).
-struct sf_pa_partial {
-  float max, sum;
-};
+#define SF_PA_CHUNK 32  // keys scored at once (.venv/bin/python bench/paged_attention.py)
 
 static inline float sf_pa_dot(const float* __restrict__ a, const float* __restrict__ b, int64_t d) {
   sf_vec acc = sf_splat(0.0f);
@@ -73,27 +71,41 @@ extern "C" void sf_paged_attention(const float* q, const float* k, const float* 
       mine[h * (D + 2) + 1] = 0.0f;
       std::memset(mine + h * (D + 2) + 2, 0, D * sizeof(float));
     }
-    for (int64_t j = lo; j < hi; ++j) {
-      const float *key, *value;
-      if (j < past) {
-        const int64_t at = (table[b * M + j / BL] * Hkv + g) * BL + j % BL;
-        key = kp + at * D, value = vp + at * D;
-      } else {
-        key = k + b * kb + g * kh + (j - past) * ks, value = v + b * vb + g * vh + (j - past) * vs;
+    // keys in chunks of SF_PA_CHUNK: the chunk's scores first (independent dot products the
+    // core overlaps), then one max, their exponentials and the weighted values; a per-key
+    // running max made each key wait on the last one's exp
+    for (int64_t j0 = lo; j0 < hi; j0 += SF_PA_CHUNK) {
+      const int64_t n = hi - j0 < SF_PA_CHUNK ? hi - j0 : SF_PA_CHUNK;
+      const float* keys[SF_PA_CHUNK];
+      const float* values[SF_PA_CHUNK];
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t j = j0 + t;
+        if (j < past) {
+          const int64_t at = (table[b * M + j / BL] * Hkv + g) * BL + j % BL;
+          keys[t] = kp + at * D, values[t] = vp + at * D;
+        } else {
+          keys[t] = k + b * kb + g * kh + (j - past) * ks, values[t] = v + b * vb + g * vh + (j - past) * vs;
+        }
       }
       for (int64_t h = 0; h < G; ++h) {
         float* st = mine + h * (D + 2);
-        const float x = sf_pa_dot(qrow + h * D, key, D);
-        if (x > st[0]) {
-          const float c0 = sf_expf(st[0] - x);
-          st[1] = st[1] * c0 + 1.0f;
-          sf_pa_axpby(st + 2, c0, 1.0f, value, D);
-          st[0] = x;
-        } else {
-          const float w = sf_expf(x - st[0]);
-          st[1] += w;
-          sf_pa_axpby(st + 2, 1.0f, w, value, D);
+        float score[SF_PA_CHUNK];
+        float top = st[0];
+        for (int64_t t = 0; t < n; ++t) {
+          score[t] = sf_pa_dot(qrow + h * D, keys[t], D);
+          top = score[t] > top ? score[t] : top;
         }
+        float sum = 0.0f;
+        for (int64_t t = 0; t < n; ++t) {
+          score[t] = sf_expf(score[t] - top);
+          sum += score[t];
+        }
+        const float c = sf_expf(st[0] - top);  // the earlier chunks' share, rescaled (0 at the first)
+        st[0] = top;
+        st[1] = st[1] * c + sum;
+        float* acc = st + 2;
+        sf_pa_axpby(acc, c, score[0], values[0], D);
+        for (int64_t t = 1; t < n; ++t) sf_pa_axpby(acc, 1.0f, score[t], values[t], D);
       }
     }
   }
