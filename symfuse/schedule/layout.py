@@ -115,10 +115,11 @@ def reorder_for(shape: tuple[Dim, ...], reads) -> tuple[int, ...] | None:
 
 def as_matrix(v: View) -> tuple[Dim, Dim] | None:
     """(rows, row stride) when the view is a row-major matrix: unit stride along its last dim
-    and every leading dim nested in the next (so the leading dims flatten to one)."""
+    and every leading dim nested in the next (so the leading dims flatten to one). Leading dims
+    of size 1 have no say (a decoder's last position, [B, 1, H] at row stride S * H)."""
     if not v.sizes or v.strides[-1] != 1:
         return None
-    lead = list(zip(v.sizes[:-1], v.strides[:-1]))
+    lead = [(d, s) for d, s in zip(v.sizes[:-1], v.strides[:-1]) if d != 1]
     if not lead:
         return sympy.Integer(1), v.sizes[-1]
     for (_, s_outer), (d_inner, s_inner) in zip(lead, lead[1:]):
