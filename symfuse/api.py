@@ -134,7 +134,8 @@ def compile(  # noqa: A001
             raise ImportError(f"compiling an ONNX model needs the onnx package: pip install symfuse[onnx] ({e})") from e
         captured = capture_onnx(model, dynamic)
     elif isinstance(model, torch.nn.Module) and generates(model, example_inputs):
-        captured, spec = capture_decoder(model)
+        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(opts.precision, torch.float32)
+        captured, spec = capture_decoder(model, half)
     elif isinstance(model, torch.nn.Module):
         if example_inputs is None:
             raise ValueError("compiling a torch module needs example inputs (a tensor, a tuple or a dict)")

@@ -172,9 +172,10 @@ def _eos(model) -> list[int]:
     return []
 
 
-def capture_decoder(model: torch.nn.Module) -> tuple[Captured, DecoderSpec]:
+def capture_decoder(model: torch.nn.Module, cache_dtype: torch.dtype = torch.float32) -> tuple[Captured, DecoderSpec]:
     """The decoding step of a causal LM as a symfuse graph, and what the runtime needs to
-    drive it (layers, kv heads, head size, vocabulary, context, end-of-sequence tokens)."""
+    drive it (layers, kv heads, head size, vocabulary, context, end-of-sequence tokens);
+    `cache_dtype`: the pools' (a half-precision program keeps its cache in its own)."""
     config = model.config
     layers, context = _layers(config), _context(config)
     step = DecoderStep(model, layers).eval()
@@ -185,7 +186,7 @@ def capture_decoder(model: torch.nn.Module) -> tuple[Captured, DecoderSpec]:
         probe = [torch.zeros(1, 1, _kv.BLOCK, 1)] * (2 * layers)  # the head counts come from a first, eager step
         heads = _probe(step, ids, probe)
         hkv, d = heads
-        pools = [torch.zeros(4, hkv, _kv.BLOCK, d) for _ in range(2 * layers)]
+        pools = [torch.zeros(4, hkv, _kv.BLOCK, d, dtype=cache_dtype) for _ in range(2 * layers)]
         example = (ids, torch.arange(s).repeat(b, 1), torch.zeros(b, m, dtype=torch.int64),
                    torch.zeros(b, dtype=torch.int64), *pools)  # fmt: skip
         dynamic = {"input_ids": {0: "B", 1: "S"}, "position_ids": {0: "B", 1: "S"}, "table": {0: "B", 1: "M"},
@@ -200,6 +201,7 @@ def capture_decoder(model: torch.nn.Module) -> tuple[Captured, DecoderSpec]:
         vocab=int(captured.graph.outputs[0].type.shape[-1]),
         context=context,
         eos=_eos(model),
+        cache_dtype=str(cache_dtype).removeprefix("torch."),
     )
     return captured, spec
 

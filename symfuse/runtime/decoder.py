@@ -35,6 +35,7 @@ class DecoderSpec:
     vocab: int
     context: int  # positions the model has (prompt plus new tokens)
     eos: list[int] = field(default_factory=list)
+    cache_dtype: str = "float32"  # the cache's (the program's storage: bfloat16 in a bf16 program)
 
     @property
     def fingerprint(self) -> str:
@@ -67,6 +68,7 @@ class Decoder:
     def __init__(self, step: Any, spec: DecoderSpec) -> None:
         self.step, self.spec = step, spec
         self.device = torch.device(getattr(step.options, "device", None) or "cpu")  # where the step runs
+        self.cache_dtype = getattr(torch, spec.cache_dtype)
         self.last = Timings()  # the last generate call's timings
 
     def __repr__(self) -> str:
@@ -80,13 +82,17 @@ class Decoder:
     def new_cache(self, blocks: int = 8) -> KVCache:
         """An empty cache for this decoder (pools of `blocks` blocks that grow when full)."""
         s = self.spec
-        return KVCache(s.fingerprint, s.layers, s.kv_heads, s.head_dim, s.context, blocks=blocks, device=self.device)
+        return KVCache(
+            s.fingerprint, s.layers, s.kv_heads, s.head_dim, s.context, self.cache_dtype, blocks, self.device
+        )
 
     def _own(self, cache: KVCache) -> None:
         if not isinstance(cache, KVCache):
             raise CacheError(f"expected a symfuse KVCache, got {type(cache).__name__}")
         if cache.owner != self.spec.fingerprint:
             raise CacheError(f"this cache was made for {cache.owner}, not for this decoder ({self.spec.fingerprint})")
+        if cache.dtype != self.cache_dtype:
+            raise CacheError(f"this cache holds {cache.dtype}; this decoder's program reads {self.cache_dtype}")
 
     # -- one step -----------------------------------------------------------------------------
     def forward(self, cache: KVCache, seqs: list[Sequence], ids: torch.Tensor) -> torch.Tensor:

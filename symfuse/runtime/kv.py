@@ -179,15 +179,20 @@ def _float_bits(x: float) -> int:
     return struct.unpack("<I", struct.pack("<f", x))[0]
 
 
-def run_paged_attention(fn, q, k, v, k_pool, v_pool, table, lengths, scale: float, window: int) -> torch.Tensor:
-    """`paged_attention` on the library's kernel `fn` (`sf_paged_attention`, float32), after
-    checking what it will read: a block-table entry outside the pools or a past longer than
+def run_paged_attention(ks, q, k, v, k_pool, v_pool, table, lengths, scale: float, window: int) -> torch.Tensor:
+    """`paged_attention` on the library's kernels `ks` (`sf_paged_attention` over float32 keys
+    and values, `sf_paged_attention_bf16` over bfloat16 ones: a bf16 program's cache), after
+    checking what they will read: a block-table entry outside the pools or a past longer than
     a row of the table would read past the pools' end. A prefill (several new tokens, no past
     in any sequence, no window) is plain causal attention: torch's fused CPU attention, which
     tiles query rows against key blocks as GEMMs, where the kernel reads each key once per row:
     3-4x faster at 512-1,024 tokens (`.venv/bin/python bench/paged_attention.py`)."""
-    if any(t.dtype != torch.float32 for t in (q, k, v, k_pool, v_pool)):
+    kinds = {torch.float32: ks.sf_paged_attention, torch.bfloat16: ks.sf_paged_attention_bf16}
+    fn = kinds.get(k_pool.dtype)
+    if fn is None or v_pool.dtype != k_pool.dtype:
         return paged_attention(q, k, v, k_pool, v_pool, table, lengths, scale, window)
+    dtype = q.dtype
+    q, k, v = q.float(), k.to(k_pool.dtype), v.to(k_pool.dtype)  # (the new tokens: few)
     b, hq, s, d = q.shape
     hkv, block = k.shape[1], k_pool.shape[2]
     blocks, width = k_pool.shape[0], table.shape[1]
@@ -198,7 +203,8 @@ def run_paged_attention(fn, q, k, v, k_pool, v_pool, table, lengths, scale: floa
     if b and table.numel() and (int(table.min()) < 0 or int(table.max()) >= blocks):
         raise IndexError(f"paged_attention: block table holds entries outside [0, {blocks}) (the pools' blocks)")
     if s > 1 and window == 0 and (b == 0 or int(lengths.max()) == 0):  # a prefill: no past to read
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=hq != hkv)
+        k, v = k.float(), v.float()
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=hq != hkv).to(dtype)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     k_pool, v_pool = k_pool.contiguous(), v_pool.contiguous()
     table, lengths = table.to(torch.int64).contiguous(), lengths.to(torch.int64).contiguous()
@@ -210,4 +216,4 @@ def run_paged_attention(fn, q, k, v, k_pool, v_pool, table, lengths, scale: floa
     if out.numel():
         fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), table.data_ptr(),
            lengths.data_ptr(), out.data_ptr(), dims.data_ptr())  # fmt: skip
-    return out
+    return out.to(dtype)

@@ -123,10 +123,11 @@ class Program(HostProgram):
             )
             lib.sf_lstm_input.restype = None
             ks.sf_lstm_input = lib.sf_lstm_input
-        if hasattr(lib, "sf_paged_attention"):  # (q, k, v, k_pool, v_pool, table, lengths, out, dims)
-            lib.sf_paged_attention.argtypes = [ctypes.c_void_p] * 9
-            lib.sf_paged_attention.restype = None
-            ks.sf_paged_attention = lib.sf_paged_attention
+        for name in ("sf_paged_attention", "sf_paged_attention_bf16"):  # (q, k, v, pools, table, lengths, out, dims)
+            if hasattr(lib, name):
+                getattr(lib, name).argtypes = [ctypes.c_void_p] * 9
+                getattr(lib, name).restype = None
+                setattr(ks, name, getattr(lib, name))
         if caller is not None:  # the same functions, called with less overhead (all take integers)
             for name, f in list(vars(ks).items()):
                 if len(f.argtypes) <= MAX_ARGS:

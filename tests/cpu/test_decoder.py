@@ -202,8 +202,11 @@ class _Paged(torch.nn.Module):
         return torch.ops.symfuse.paged_attention(q, k, v, k_pool, v_pool, table, lengths, self.scale, self.window)
 
 
-@pytest.mark.parametrize("window,isa", [(0, None), (5, None), (5, "avx2"), (0, "generic")])
-def test_the_native_paged_attention_kernel_matches_its_reference(window, isa):
+@pytest.mark.parametrize(
+    "window,isa,cache", [(0, None, torch.float32), (5, None, torch.float32), (5, "avx2", torch.float32),
+                         (0, "generic", torch.float32), (3, None, torch.bfloat16)]
+)  # fmt: skip
+def test_the_native_paged_attention_kernel_matches_its_reference(window, isa, cache):
     hq, hkv, d = 6, 2, 20  # d not a multiple of any vector width
     dyn = {"q": {0: "B", 2: "S"}, "k": {0: "B", 2: "S"}, "v": {0: "B", 2: "S"}, "k_pool": {0: "N"},
            "v_pool": {0: "N"}, "table": {0: "B", 1: "M"}, "lengths": {0: "B"}}  # fmt: skip
@@ -213,14 +216,15 @@ def test_the_native_paged_attention_kernel_matches_its_reference(window, isa):
         b, width = len(lengths), max(1, max(-(-(n + s) // BLOCK) for n in lengths))
         blocks = b * width + 3
         table = torch.randperm(blocks, generator=g)[: b * width].view(b, width)  # blocks scattered in the pools
-        return (torch.randn(b, hq, s, d, generator=g), torch.randn(b, hkv, s, d, generator=g),
-                torch.randn(b, hkv, s, d, generator=g), torch.randn(blocks, hkv, BLOCK, d, generator=g),
-                torch.randn(blocks, hkv, BLOCK, d, generator=g), table, torch.tensor(lengths))  # fmt: skip
+        kv = [
+            torch.randn(shape, generator=g).to(cache) for shape in [(b, hkv, s, d)] * 2 + [(blocks, hkv, BLOCK, d)] * 2
+        ]
+        return (torch.randn(b, hq, s, d, generator=g), *kv, table, torch.tensor(lengths))
 
     if isa == "avx2" and not has_isa(ISAS["avx2"], machine_arch(), cpuinfo_features()):
         pytest.skip("this CPU does not run AVX2 code")  # (an x86 CPU without AVX2, or an ARM one: generic covers it)
     module = symfuse.compile(_Paged(0.3, window), case([3, 5], 2, 0), dyn, **({"isa": isa} if isa else {}))
-    assert "paged(k.sf_paged_attention" in module.native.host.source
+    assert "paged(k, " in module.native.host.source
     before = symfuse.compile_count()
     for i, (lengths, s) in enumerate([([0], 1), ([0], 37), ([1], 1), ([16, 0, 31], 1), ([700], 1), ([5, 64, 129], 4),
                                       ([2, 3], 16), ([250], 7)]):  # fmt: skip
@@ -291,3 +295,20 @@ def test_memory_returns_to_its_level_after_a_thousand_generations(compiled):
         decoder.generate([p], 3, cache=cache, eos_token_id=[])
     assert not cache.sequences and len(cache.free) == cache.capacity
     assert _rss_mb() - level < 16, f"memory grew by {_rss_mb() - level:.1f} MB over 1,000 generations"
+
+
+def test_a_bf16_decoder_keeps_its_cache_in_bf16_and_follows_eager():
+    model = _llama()
+    decoder = symfuse.compile(model, precision="bf16")
+    cache = decoder.new_cache()
+    assert all(p.dtype == torch.bfloat16 for p in cache.pools)
+    with pytest.raises(CacheError, match="holds torch.float32"):
+        decoder.forward(symfuse.runtime.kv.KVCache(decoder.spec.fingerprint, 2, 2, 8, 256), [], torch.zeros(0, 1))
+    ids = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(12))
+    with torch.no_grad():
+        full = model(ids, use_cache=False).logits
+    seqs = [cache.add(), cache.add()]
+    worst = float((decoder.forward(cache, seqs, ids[:, :20]) - full[:, 19]).abs().max())
+    for t in range(20, 40):
+        worst = max(worst, float((decoder.forward(cache, seqs, ids[:, t : t + 1]) - full[:, t]).abs().max()))
+    assert worst < 3e-2 * float(full.abs().max())  # bfloat16 weights, cache and intermediates

@@ -27,11 +27,11 @@ class CpuHost(HostGenerator):
 
     def opaque(self, st: OpaqueStep) -> list[str]:
         n = st.node
-        if n.op == "paged_attention" and n.inputs[0].type.dtype is DType.float32:  # the library's kernel
+        if n.op == "paged_attention":  # the library's kernels
             self.code.paged = True
             args = ", ".join(self.ref(v.name) for v in n.inputs)
             scale, window = float(n.attrs["scale"]), int(n.attrs["window"])
-            return [f"t_{n.outputs[0].name} = paged(k.sf_paged_attention, {args}, {scale!r}, {window})"]
+            return [f"t_{n.outputs[0].name} = paged(k, {args}, {scale!r}, {window})"]
         return super().opaque(st)
 
     def kernel_call(self, src: KernelSource, fn: str, rows: str) -> str:

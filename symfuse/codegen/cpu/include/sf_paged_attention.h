@@ -15,26 +15,39 @@
 // (b, h, s each).
 #define SF_PA_CHUNK 32  // keys scored at once (.venv/bin/python bench/paged_attention.py)
 
-static inline float sf_pa_dot(const float* __restrict__ a, const float* __restrict__ b, int64_t d) {
+// the keys and values are float32, or bfloat16 in a bf16 program (widened as they are loaded)
+static inline sf_vec sf_pa_load(const float* p) { return sf_load(p); }
+static inline sf_vec sf_pa_load(const sf_bf16* p) {
+  sf_vec r;
+  for (int64_t l = 0; l < SF_LANES; ++l) r[l] = sf_from_bf16(p[l]);
+  return r;
+}
+static inline float sf_pa_at(const float* p, int64_t j) { return p[j]; }
+static inline float sf_pa_at(const sf_bf16* p, int64_t j) { return sf_from_bf16(p[j]); }
+
+template <class T>
+static inline float sf_pa_dot(const float* __restrict__ a, const T* __restrict__ b, int64_t d) {
   sf_vec acc = sf_splat(0.0f);
   int64_t j = 0;
-  for (; j + SF_LANES <= d; j += SF_LANES) acc = sf_fma(sf_load(a + j), sf_load(b + j), acc);
+  for (; j + SF_LANES <= d; j += SF_LANES) acc = sf_fma(sf_load(a + j), sf_pa_load(b + j), acc);
   float s = 0.0f;
   for (int64_t l = 0; l < SF_LANES; ++l) s += acc[l];
-  for (; j < d; ++j) s += a[j] * b[j];
+  for (; j < d; ++j) s += a[j] * sf_pa_at(b, j);
   return s;
 }
 
 // acc[0..d) = acc * c + w * v
-static inline void sf_pa_axpby(float* __restrict__ acc, float c, float w, const float* __restrict__ v, int64_t d) {
+template <class T>
+static inline void sf_pa_axpby(float* __restrict__ acc, float c, float w, const T* __restrict__ v, int64_t d) {
   const sf_vec cv = sf_splat(c), wv = sf_splat(w);
   int64_t j = 0;
-  for (; j + SF_LANES <= d; j += SF_LANES) sf_store(acc + j, sf_fma(wv, sf_load(v + j), sf_load(acc + j) * cv));
-  for (; j < d; ++j) acc[j] = acc[j] * c + w * v[j];
+  for (; j + SF_LANES <= d; j += SF_LANES) sf_store(acc + j, sf_fma(wv, sf_pa_load(v + j), sf_load(acc + j) * cv));
+  for (; j < d; ++j) acc[j] = acc[j] * c + w * sf_pa_at(v, j);
 }
 
-extern "C" void sf_paged_attention(const float* q, const float* k, const float* v, const float* kp, const float* vp,
-                                   const int64_t* table, const int64_t* lengths, float* out, const int64_t* dims) {
+template <class T>
+static void sf_paged_attention_of(const float* q, const T* k, const T* v, const T* kp, const T* vp,
+                                  const int64_t* table, const int64_t* lengths, float* out, const int64_t* dims) {
   const int64_t B = dims[0], Hq = dims[1], Hkv = dims[2], S = dims[3], D = dims[4], M = dims[5], BL = dims[6],
                 window = dims[7];
   float scale;
@@ -76,8 +89,8 @@ extern "C" void sf_paged_attention(const float* q, const float* k, const float* 
     // running max made each key wait on the last one's exp
     for (int64_t j0 = lo; j0 < hi; j0 += SF_PA_CHUNK) {
       const int64_t n = hi - j0 < SF_PA_CHUNK ? hi - j0 : SF_PA_CHUNK;
-      const float* keys[SF_PA_CHUNK];
-      const float* values[SF_PA_CHUNK];
+      const T* keys[SF_PA_CHUNK];
+      const T* values[SF_PA_CHUNK];
       for (int64_t t = 0; t < n; ++t) {
         const int64_t j = j0 + t;
         if (j < past) {
@@ -126,10 +139,21 @@ extern "C" void sf_paged_attention(const float* q, const float* k, const float* 
         if (st[1] == 0.0f) continue;  // a chunk with no key this row sees
         const float w = sf_expf(st[0] - m);
         sum += st[1] * w;
-        sf_pa_axpby(dst, 1.0f, w, st + 2, D);
+        sf_pa_axpby<float>(dst, 1.0f, w, st + 2, D);
       }
       const float inv = 1.0f / sum;
       for (int64_t d = 0; d < D; ++d) dst[d] *= inv;
     }
   }
+}
+
+extern "C" void sf_paged_attention(const float* q, const float* k, const float* v, const float* kp, const float* vp,
+                                   const int64_t* table, const int64_t* lengths, float* out, const int64_t* dims) {
+  sf_paged_attention_of<float>(q, k, v, kp, vp, table, lengths, out, dims);
+}
+// q float32; new and cached keys and values bfloat16
+extern "C" void sf_paged_attention_bf16(const float* q, const sf_bf16* k, const sf_bf16* v, const sf_bf16* kp,
+                                        const sf_bf16* vp, const int64_t* table, const int64_t* lengths, float* out,
+                                        const int64_t* dims) {
+  sf_paged_attention_of<sf_bf16>(q, k, v, kp, vp, table, lengths, out, dims);
 }
