@@ -312,3 +312,41 @@ def test_a_bf16_decoder_keeps_its_cache_in_bf16_and_follows_eager():
     for t in range(20, 40):
         worst = max(worst, float((decoder.forward(cache, seqs, ids[:, t : t + 1]) - full[:, t]).abs().max()))
     assert worst < 3e-2 * float(full.abs().max())  # bfloat16 weights, cache and intermediates
+
+
+def _word_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0", pad_token="w0", eos_token="w1")
+
+
+def test_a_transformers_pipeline_and_a_streamer_run_on_the_decoder(compiled):
+    from transformers import pipeline
+
+    model, decoder = compiled
+    tokenizer = _word_tokenizer()
+    lm = symfuse.ForCausalLM(decoder, model.config, model.generation_config)
+    kw = dict(max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    text = "w5 w17 w3 w99"
+    ours = pipeline("text-generation", model=lm, tokenizer=tokenizer)(text, **kw)
+    eager = pipeline("text-generation", model=model, tokenizer=tokenizer)(text, **kw)
+    assert ours[0]["generated_text"] == eager[0]["generated_text"] != text
+
+    class Collect:
+        def __init__(self) -> None:
+            self.tokens: list[int] = []
+            self.ended = False
+
+        def put(self, value) -> None:
+            self.tokens += value.reshape(-1).tolist()
+
+        def end(self) -> None:
+            self.ended = True
+
+    streamer = Collect()
+    ids = torch.tensor([[5, 17, 3, 99]])
+    out = decoder.generate(ids, 8, streamer=streamer, eos_token_id=[])
+    assert streamer.ended and streamer.tokens == out[0].tolist()
