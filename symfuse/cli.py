@@ -319,7 +319,8 @@ def _bench_generate(args) -> int:
     prompts = [int(x) for x in (args.seq or "16,128,512").split(",")]
     out_dir = args.out or os.path.join("symfuse-results", "generate")
     text = generate.run(models, engines, batches, prompts, args.new_tokens, out_dir,
-                        progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))  # fmt: skip
+                        progress=lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True),
+                        command="symfuse " + " ".join(args.argv))  # fmt: skip
     print(text)
     print(f"wrote {os.path.join(out_dir, 'generate.md')}")
     return 0

@@ -163,7 +163,7 @@ def floors(model_name: str, shapes: list[tuple[int, int]], phys: dict) -> dict:
 
 
 def run(models: list[str], engines: list[str], batches: list[int], prompts: list[int], new: int, out_dir: str,
-        progress=print) -> str:  # fmt: skip
+        progress=print, command: str = "") -> str:  # fmt: skip
     """Every engine in its own process; the table in `out_dir/generate.md` (and .json)."""
     from symfuse.bench.worker import physics
 
@@ -181,7 +181,7 @@ def run(models: list[str], engines: list[str], batches: list[int], prompts: list
                 failures[f"{engine}/{model}"] = (done.stderr.strip().splitlines() or ["?"])[-1][:300]
                 continue
             results += json.loads(done.stdout.strip().splitlines()[-1])
-    report = {"physics": phys, "runs": results, "failures": failures,
+    report = {"command": command, "new_tokens": new, "physics": phys, "runs": results, "failures": failures,
               "floors": {m: floors(m, shapes, phys) for m in models}}  # fmt: skip
     with open(os.path.join(out_dir, "generate.json"), "w") as f:
         json.dump(report, f, indent=1)
@@ -194,6 +194,9 @@ def run(models: list[str], engines: list[str], batches: list[int], prompts: list
 def table(report: dict) -> str:
     phys = report["physics"]
     lines = [
+        f"`{report.get('command', '')}`: {report.get('new_tokens', '?')} new tokens a prompt; step = median decoding "
+        "step; floor = every weight and the cache at the prompt's length read once",
+        "",
         f"read bandwidth {phys['read_gbps']:.1f} GB/s"
         + (f", FMA peak {phys['fma_gflops']:.0f} GFLOP/s" if phys.get("fma_gflops") else ""),
         "",
