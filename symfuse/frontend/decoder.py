@@ -183,9 +183,7 @@ def capture_decoder(model: torch.nn.Module, cache_dtype: torch.dtype = torch.flo
     vocab = int(getattr(config, "vocab_size", 2) or 2)
     ids = torch.randint(0, vocab, (b, s), generator=torch.Generator().manual_seed(0))
     with _attention_swapped(model), torch.no_grad():
-        probe = [torch.zeros(1, 1, _kv.BLOCK, 1)] * (2 * layers)  # the head counts come from a first, eager step
-        heads = _probe(step, ids, probe)
-        hkv, d = heads
+        hkv, d = _probe(step, ids, [torch.zeros(1, 1, _kv.BLOCK, 1)] * (2 * layers))  # (from a first, eager step)
         pools = [torch.zeros(4, hkv, _kv.BLOCK, d, dtype=cache_dtype) for _ in range(2 * layers)]
         example = (ids, torch.arange(s).repeat(b, 1), torch.zeros(b, m, dtype=torch.int64),
                    torch.zeros(b, dtype=torch.int64), *pools)  # fmt: skip
