@@ -1,9 +1,10 @@
 """The decoder's attention kernel (`sf_paged_attention`) at decoding and prefill shapes.
 
 For each shape (batch, query heads, kv heads, new tokens, head size, past): the best of five
-calls of the compiled kernel, the bytes of cache it must read (keys and values of the past,
-once) and their rate; for prefill shapes (no past) torch's fused causal attention beside it,
-which the runtime calls for a prefill instead (`runtime/kv.run_paged_attention`).
+calls of the compiled kernel (through `runtime/kv.call_kernel`, as the runtime calls it), the
+bytes of cache it must read (keys and values of the past, once) and their rate; for prefill
+shapes (no past) torch's fused causal attention beside it, which the runtime calls for a
+prefill instead (`runtime/kv.run_paged_attention`).
 
 Run: .venv/bin/python bench/paged_attention.py
 """
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import symfuse
-from symfuse.runtime.kv import BLOCK, _float_bits
+from symfuse.runtime.kv import BLOCK, call_kernel
 
 SHAPES = [  # (B, Hq, Hkv, S, D, past): GPT-2 and TinyLlama heads
     (1, 12, 12, 1, 64, 128), (1, 12, 12, 1, 64, 1024), (8, 12, 12, 1, 64, 512),
@@ -55,19 +56,15 @@ def main() -> None:
     kernel = module.native.program.kernels.sf_paged_attention
     print("B Hq Hkv S D past | kernel ms | cache GB/s | torch's causal attention ms")
     for b, hq, hkv, s, d, past in SHAPES:
-        q, k, v, kp, vp, table, lengths = case(b, hq, hkv, s, d, past)
-        out = torch.empty_like(q)
-        dims = torch.tensor([b, hq, hkv, s, d, table.shape[1], BLOCK, 0, _float_bits(0.125),
-                             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3]])  # fmt: skip
-        ms = best_ms(lambda: kernel(q.data_ptr(), k.data_ptr(), v.data_ptr(), kp.data_ptr(), vp.data_ptr(),
-                                    table.data_ptr(), lengths.data_ptr(), out.data_ptr(), dims.data_ptr()))  # fmt: skip
+        x = case(b, hq, hkv, s, d, past)
+        ms = best_ms(lambda: call_kernel(kernel, *x, 0.125, 0))
         cache = 2 * b * hkv * past * d * 4
         rate = f"{cache / ms / 1e6:.1f}" if past else "-"
         sdpa = ""
         if past == 0:
-            sdpa = (
-                f"{best_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hq != hkv)):.2f}"
-            )
+            q, k, v = x[:3]
+            causal = best_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hq != hkv))
+            sdpa = f"{causal:.2f}"
         print(f"{b} {hq} {hkv} {s} {d} {past} | {ms:.2f} | {rate} | {sdpa}")
 
 

@@ -17,6 +17,7 @@ reports no step times for a batch).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -48,17 +49,14 @@ def _prompts(batch: int, prompt: int, vocab: int) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, prompt), generator=torch.Generator().manual_seed(prompt * 31 + batch))
 
 
-def _symfuse(model, ids: torch.Tensor, new: int, decoder=None) -> tuple[float, list[float], object]:
-    import symfuse
-
-    decoder = decoder or symfuse.compile(model)
+def _symfuse(decoder, ids: torch.Tensor, new: int) -> tuple[float, list[float]]:
     decoder.generate(ids, 2, eos_token_id=[])  # warm-up
     decoder.generate(ids, new, eos_token_id=[])
     t = decoder.last
-    return t.first_token, t.steps, decoder
+    return t.first_token, t.steps
 
 
-def _transformers(model, ids: torch.Tensor, new: int, **kw) -> tuple[float, list[float], None]:
+def _transformers(model, ids: torch.Tensor, new: int) -> tuple[float, list[float]]:
     from transformers import LogitsProcessor, LogitsProcessorList
 
     stamps: list[float] = []
@@ -68,14 +66,14 @@ def _transformers(model, ids: torch.Tensor, new: int, **kw) -> tuple[float, list
             stamps.append(time.perf_counter())
             return scores
 
-    args = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, eos_token_id=None, **kw)
+    args = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, eos_token_id=None)
     with torch.no_grad():
         # warm-up at the measured length: a static cache is sized by it (torch.compile's compile)
         model.generate(ids, max_new_tokens=new, min_new_tokens=new, **args)
         t0 = time.perf_counter()
         model.generate(ids, max_new_tokens=new, min_new_tokens=new, logits_processor=LogitsProcessorList([Stamp()]),
                        **args)  # fmt: skip
-    return stamps[0] - t0, [b - a for a, b in zip(stamps, stamps[1:])], None
+    return stamps[0] - t0, [b - a for a, b in zip(stamps, stamps[1:])]
 
 
 def _ctranslate2(model, tmp: str):
@@ -96,7 +94,7 @@ def _ctranslate2(model, tmp: str):
     return ctranslate2.Generator(os.path.join(tmp, "ct2"), device="cpu", compute_type="float32", intra_threads=threads)
 
 
-def _ctranslate2_run(generator, ids: torch.Tensor, new: int) -> tuple[float, list[float], None]:
+def _ctranslate2_run(generator, ids: torch.Tensor, new: int) -> tuple[float, list[float]]:
     prompts = [[f"t{i}" for i in row] for row in ids.tolist()]
     kw = dict(sampling_topk=1, include_prompt_in_result=False, end_token=[])
     generator.generate_batch(prompts, max_length=new, min_length=new, **kw)  # warm-up
@@ -106,7 +104,7 @@ def _ctranslate2_run(generator, ids: torch.Tensor, new: int) -> tuple[float, lis
     t0 = time.perf_counter()
     generator.generate_batch(prompts, max_length=new, min_length=new, **kw)
     whole = time.perf_counter() - t0
-    return first, [(whole - first) / max(1, new - 1)] * max(1, new - 1), None
+    return first, [(whole - first) / max(1, new - 1)] * max(1, new - 1)
 
 
 def worker(engine: str, model_name: str, shapes: list[tuple[int, int]], new: int) -> list[dict]:
@@ -116,22 +114,22 @@ def worker(engine: str, model_name: str, shapes: list[tuple[int, int]], new: int
     torch.set_grad_enabled(False)
     model = load_decoder(model_name)
     vocab = model.config.vocab_size
-    if engine == "torch-compile":
-        model.generation_config.cache_implementation = "static"
-        model.forward = torch.compile(model.forward, dynamic=False)
-    state = None
     tmp = tempfile.mkdtemp(prefix="symfuse-bench-")
-    if engine == "ctranslate2":
-        state = _ctranslate2(model, tmp)
+    if engine == "symfuse":
+        import symfuse
+
+        decoder = symfuse.compile(model)  # once, for every shape of the run
+        generate = functools.partial(_symfuse, decoder)
+    elif engine == "ctranslate2":
+        generate = functools.partial(_ctranslate2_run, _ctranslate2(model, tmp))
+    else:
+        if engine == "torch-compile":
+            model.generation_config.cache_implementation = "static"
+            model.forward = torch.compile(model.forward, dynamic=False)
+        generate = functools.partial(_transformers, model)
     runs = []
     for batch, prompt in shapes:
-        ids = _prompts(batch, prompt, vocab)
-        if engine == "symfuse":
-            first, steps, state = _symfuse(model, ids, new, state)
-        elif engine == "ctranslate2":
-            first, steps, _ = _ctranslate2_run(state, ids, new)
-        else:
-            first, steps, _ = _transformers(model, ids, new)
+        first, steps = generate(_prompts(batch, prompt, vocab), new)
         total = first + sum(steps)
         runs.append(Run(engine, model_name, batch, prompt, new, 1e3 * first, 1e3 * statistics.median(steps),
                         batch * new / total).__dict__)  # fmt: skip
@@ -146,7 +144,8 @@ def floors(model_name: str, shapes: list[tuple[int, int]], phys: dict) -> dict:
     the prefill's (its multiply-adds at the FMA peak), in ms."""
     from symfuse.models import load_decoder
 
-    model = load_decoder(model_name)
+    with torch.device("meta"):  # its shapes only: no weights made
+        model = load_decoder(model_name)
     c = model.config
     params = sum(p.numel() for p in model.parameters())
     layers, hidden = c.num_hidden_layers, c.hidden_size

@@ -181,6 +181,11 @@ class HostGenerator:
 
     def opaque(self, st: OpaqueStep) -> list[str]:
         n = st.node
+        if n.op == "paged_attention":  # each backend's namespace has `paged` (its kernels; runtime/kv*.py)
+            self.code.paged = True
+            args = ", ".join(self.ref(v.name) for v in n.inputs)
+            scale, window = float(n.attrs["scale"]), int(n.attrs["window"])
+            return [f"t_{n.outputs[0].name} = paged({args}, {scale!r}, {window})"]
         opdef = ops.get(n.op)
         fn = f"op_{st.name}"
         self.code.recipes[fn] = ("op", n.op, dict(n.attrs))

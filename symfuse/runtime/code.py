@@ -52,7 +52,7 @@ class HostCode:
     bf16_multiply: Threshold | None = None  # how the bf16 row kernel multiplies (switches.BF16_MULTIPLY)
     row_chunk: Threshold | None = None  # steps of K in a chunk of the row kernel's panels (gemm.chunk_choices)
     lstm: bool = False  # an LSTM runs on the library's recurrence (codegen/cpu/lstm.py)
-    paged: bool = False  # a decoder's attention runs on the library's kernel (codegen/cpu/paged.py)
+    paged: bool = False  # a decoder's attention: the CPU library then has its kernel (codegen/cpu/paged.py)
     conv_weights: tuple[str, ...] = ()  # constant convolution weights, prepared once (runtime/program.py: ConvWeights)
     run: RunCode | None = None  # the whole call in C++ where every step runs in the library (codegen/cpu/run.py)
     run_missing: str = ""  # else why not

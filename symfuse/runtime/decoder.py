@@ -102,8 +102,9 @@ class Decoder:
         self._own(cache)
         if ids.dim() != 2 or ids.shape[0] != len(seqs) or ids.shape[1] < 1:
             raise ValueError(f"input_ids: expected [{len(seqs)}, S >= 1] (one row per sequence), got {list(ids.shape)}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.spec.vocab):
-            bad = int(ids.max()) if int(ids.max()) >= self.spec.vocab else int(ids.min())
+        lo, hi = (int(ids.min()), int(ids.max())) if ids.numel() else (0, 0)
+        if lo < 0 or hi >= self.spec.vocab:
+            bad = hi if hi >= self.spec.vocab else lo
             raise ValueError(f"input_ids: token {bad} is outside the vocabulary [0, {self.spec.vocab})")
         s = ids.shape[1]
         cache.reserve(seqs, s)
@@ -159,13 +160,11 @@ class Decoder:
         """
         as_tensor = isinstance(input_ids, torch.Tensor)
         if as_tensor:
-            if input_ids.dim() == 1:
-                input_ids = input_ids.unsqueeze(0)
+            input_ids = input_ids.unsqueeze(0) if input_ids.dim() == 1 else input_ids
             if input_ids.dim() != 2:
                 raise ValueError(f"input_ids: expected [batch, tokens], got {list(input_ids.shape)}")
-            prompts = [[int(t) for t in row] for row in input_ids]
-        else:
-            prompts = [[int(t) for t in row] for row in input_ids]
+            input_ids = input_ids.tolist()
+        prompts = [[int(t) for t in row] for row in input_ids]
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         for i, p in enumerate(prompts):

@@ -103,9 +103,6 @@ class KVCache:
         """Blocks in each pool."""
         return self.pools[0].shape[0]
 
-    def nbytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.pools)
-
     def add(self) -> Sequence:
         """A new, empty sequence."""
         seq = Sequence(self._next)
@@ -119,10 +116,6 @@ class KVCache:
         self.free.extend(reversed(seq.blocks))
         seq.blocks, seq.removed = [], True
         del self.sequences[seq.id]
-
-    def clear(self) -> None:
-        for seq in list(self.sequences.values()):
-            self.remove(seq)
 
     def check(self, seq: Sequence) -> None:
         if seq.removed or self.sequences.get(seq.id) is not seq:
@@ -205,15 +198,21 @@ def run_paged_attention(ks, q, k, v, k_pool, v_pool, table, lengths, scale: floa
     if s > 1 and window == 0 and (b == 0 or int(lengths.max()) == 0):  # a prefill: no past to read
         k, v = k.float(), v.float()
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=hq != hkv).to(dtype)
+    return call_kernel(fn, q, k, v, k_pool, v_pool, table, lengths, scale, window).to(dtype)
+
+
+def call_kernel(fn, q, k, v, k_pool, v_pool, table, lengths, scale: float, window: int) -> torch.Tensor:
+    """One call of a paged attention kernel `fn` (float32 queries; keys, values and pools of
+    the kernel's type), its inputs made what it reads: unit stride along the head, contiguous
+    pools, int64 table and lengths. Nothing checked: `run_paged_attention` checks."""
+    b, hq, s, d = q.shape
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     k_pool, v_pool = k_pool.contiguous(), v_pool.contiguous()
     table, lengths = table.to(torch.int64).contiguous(), lengths.to(torch.int64).contiguous()
     out = torch.empty((b, hq, s, d), dtype=torch.float32)
-    dims = torch.tensor(
-        [b, hq, hkv, s, d, width, block, window, _float_bits(scale), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3]],
-        dtype=torch.int64,
-    )
+    dims = [b, hq, k.shape[1], s, d, table.shape[1], k_pool.shape[2], window, _float_bits(scale)]
+    dims = torch.tensor(dims + [*q.stride()[:3], *k.stride()[:3], *v.stride()[:3]], dtype=torch.int64)
     if out.numel():
         fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), table.data_ptr(),
            lengths.data_ptr(), out.data_ptr(), dims.data_ptr())  # fmt: skip
-    return out.to(dtype)
+    return out

@@ -159,7 +159,7 @@ class Program(HostProgram):
             "matmul": torch.matmul,
             "conv": _portable(torch.ops.mkldnn._convolution_pointwise),
             "sdpa": torch.nn.functional.scaled_dot_product_attention,
-            "paged": run_paged_attention,
+            "paged": functools.partial(run_paged_attention, ks),
             "lstm": functools.partial(run_lstm, project=getattr(ks, "sf_lstm_input", None)),
             "torch": torch,
             "now": time.perf_counter,

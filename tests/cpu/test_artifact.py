@@ -21,6 +21,7 @@ from symfuse.models import load as load_case
 from symfuse.runtime.artifact import ArtifactError, read_safetensors, write_safetensors
 from symfuse.runtime.switches import ROWS
 from tests.conftest import rel_err
+from tests.support.without_transformers import run_without_transformers
 
 SHAPES = [dict(B=1, S=1), dict(B=1, S=16), dict(B=2, S=7), dict(B=3, S=13), dict(B=1, S=32)]
 
@@ -49,14 +50,8 @@ def test_a_saved_model_runs_in_a_fresh_process_without_transformers(saved, tmp_p
     torch.save(
         {"inputs": cases, "expected": [(e.last_hidden_state, e.pooler_output) for e in expected]}, tmp_path / "io.pt"
     )
-    child = textwrap.dedent(
+    r = run_without_transformers(
         f"""
-        import sys
-        class NoTransformers:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] == "transformers":
-                    raise ImportError("transformers is not installed here")
-        sys.meta_path.insert(0, NoTransformers())
         import torch, symfuse
         m = symfuse.load({path!r})
         io = torch.load({str(tmp_path / "io.pt")!r})
@@ -74,7 +69,6 @@ def test_a_saved_model_runs_in_a_fresh_process_without_transformers(saved, tmp_p
         print("ERRS", max(errs), symfuse.compile_count(), "transformers" in sys.modules, type(out).__name__)
         """
     )
-    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, cwd=os.getcwd())
     assert r.returncode == 0, r.stderr[-3000:]
     errs = next(line for line in r.stdout.splitlines() if line.startswith("ERRS")).split()
     assert float(errs[1]) < 1e-4

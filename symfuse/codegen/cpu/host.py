@@ -17,22 +17,13 @@ from symfuse.runtime.switches import ANY_HEAD, ROWS
 from symfuse.schedule.attention import AttentionStep
 from symfuse.schedule.channels_last import NHWC
 from symfuse.schedule.layout import View, as_matrix, row_major
-from symfuse.schedule.steps import GemmStep, OpaqueStep, Schedule
+from symfuse.schedule.steps import GemmStep, Schedule
 
 
 class CpuHost(HostGenerator):
     def plan_whole_call(self, outputs: list[str]) -> None:
         self.run_outputs = outputs  # sf_run's outputs
         self.code.run, self.code.run_missing = native_run(self, outputs)
-
-    def opaque(self, st: OpaqueStep) -> list[str]:
-        n = st.node
-        if n.op == "paged_attention":  # the library's kernels
-            self.code.paged = True
-            args = ", ".join(self.ref(v.name) for v in n.inputs)
-            scale, window = float(n.attrs["scale"]), int(n.attrs["window"])
-            return [f"t_{n.outputs[0].name} = paged(k, {args}, {scale!r}, {window})"]
-        return super().opaque(st)
 
     def kernel_call(self, src: KernelSource, fn: str, rows: str) -> str:
         ptrs = ", ".join(self.ptr(n) for n in src.args)

@@ -34,7 +34,7 @@ from symfuse.runtime.code import HostCode
 from symfuse.runtime.gpu import GpuProgram
 from symfuse.schedule.attention import AttentionStep, find_step, merge_attention
 from symfuse.schedule.layout import View
-from symfuse.schedule.steps import GemmStep, NativeStep, OpaqueStep, Schedule
+from symfuse.schedule.steps import GemmStep, NativeStep, Schedule
 from symfuse.schedule.steps import build as build_schedule
 from symfuse.shape.store import ShapeStore
 from symfuse.te.analysis import analyse
@@ -51,14 +51,6 @@ class _GpuHost(HostGenerator):
         length = ", ".join(dict.fromkeys(self.py(e) for e in src.extents)) or "1"
         args = [("sym" if n == "sf_err" else self.ref(n)) for n in src.args] + [f"s_{s}" for s in src.symbols]
         return f"launch(k.{fn}, {rows}, max({length}, 1), {', '.join(args)})"
-
-    def opaque(self, st: OpaqueStep) -> list[str]:
-        n = st.node
-        if n.op == "paged_attention":  # the Triton kernel of runtime/kv_triton.py
-            args = ", ".join(self.ref(v.name) for v in n.inputs)
-            scale, window = float(n.attrs["scale"]), int(n.attrs["window"])
-            return [f"t_{n.outputs[0].name} = paged({args}, {scale!r}, {window})"]
-        return super().opaque(st)
 
     def gemm(self, st: GemmStep) -> list[str]:
         out = []
