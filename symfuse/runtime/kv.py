@@ -201,18 +201,23 @@ def run_paged_attention(ks, q, k, v, k_pool, v_pool, table, lengths, scale: floa
     return call_kernel(fn, q, k, v, k_pool, v_pool, table, lengths, scale, window).to(dtype)
 
 
-def call_kernel(fn, q, k, v, k_pool, v_pool, table, lengths, scale: float, window: int) -> torch.Tensor:
-    """One call of a paged attention kernel `fn` (float32 queries; keys, values and pools of
-    the kernel's type), its inputs made what it reads: unit stride along the head, contiguous
-    pools, int64 table and lengths. Nothing checked: `run_paged_attention` checks."""
+def kernel_arguments(q, k, v, k_pool, v_pool, table, lengths, scale: float, window: int) -> list[torch.Tensor]:
+    """The paged attention kernel's inputs as it reads them: q, k, v with unit stride along the
+    head, contiguous pools, int64 table and lengths, then `dims` (sizes, the scale's float bits,
+    the strides of q, k and v; `include/sf_paged_attention.h`)."""
     b, hq, s, d = q.shape
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    k_pool, v_pool = k_pool.contiguous(), v_pool.contiguous()
-    table, lengths = table.to(torch.int64).contiguous(), lengths.to(torch.int64).contiguous()
-    out = torch.empty((b, hq, s, d), dtype=torch.float32)
     dims = [b, hq, k.shape[1], s, d, table.shape[1], k_pool.shape[2], window, _float_bits(scale)]
     dims = torch.tensor(dims + [*q.stride()[:3], *k.stride()[:3], *v.stride()[:3]], dtype=torch.int64)
+    table, lengths = table.to(torch.int64).contiguous(), lengths.to(torch.int64).contiguous()
+    return [q, k, v, k_pool.contiguous(), v_pool.contiguous(), table, lengths, dims]
+
+
+def call_kernel(fn, q, k, v, k_pool, v_pool, table, lengths, scale: float, window: int) -> torch.Tensor:
+    """One call of a paged attention kernel `fn` (float32 queries; keys, values and pools of
+    the kernel's type). Nothing checked: `run_paged_attention` checks."""
+    *inputs, dims = kernel_arguments(q, k, v, k_pool, v_pool, table, lengths, scale, window)
+    out = torch.empty(q.shape, dtype=torch.float32)
     if out.numel():
-        fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), table.data_ptr(),
-           lengths.data_ptr(), out.data_ptr(), dims.data_ptr())  # fmt: skip
+        fn(*(t.data_ptr() for t in inputs), out.data_ptr(), dims.data_ptr())
     return out

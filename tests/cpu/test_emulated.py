@@ -24,8 +24,10 @@ from symfuse.codegen.cpu.calibrate import canonical_attention
 from symfuse.codegen.cpu.gemm import ACTIVATIONS, pack_panels, tile_for
 from symfuse.codegen.cpu.generate import generate
 from symfuse.codegen.cpu.lstm import LSTM_SOURCE
+from symfuse.codegen.cpu.paged import PAGED_SOURCE
 from symfuse.ir.dims import evaluate
 from symfuse.reference import ReferenceExecutor
+from symfuse.runtime.kv import BLOCK, kernel_arguments, paged_attention
 from tests.conftest import rel_err
 from tests.cpu.test_isa import ACTS
 
@@ -99,6 +101,19 @@ int main(int argc, char** argv) {
     spill(dir, "g", g.data(), g.size() * 4);
     return 0;
   }
+  if (std::string(argv[1]) == "paged") {  // paged DIR OUT_FLOATS BF16: runtime/kv.kernel_arguments' files
+    auto q = slurp(dir, "q"), k = slurp(dir, "k"), v = slurp(dir, "v"), kp = slurp(dir, "kp"), vp = slurp(dir, "vp"),
+         table = slurp(dir, "table"), lengths = slurp(dir, "lengths"), dims = slurp(dir, "dims");
+    std::vector<float> out(std::atol(argv[3]));
+    if (std::atol(argv[4]))
+      sf_paged_attention_bf16(Any{q.data()}, Any{k.data()}, Any{v.data()}, Any{kp.data()}, Any{vp.data()},
+                              Any{table.data()}, Any{lengths.data()}, out.data(), Any{dims.data()});
+    else
+      sf_paged_attention(Any{q.data()}, Any{k.data()}, Any{v.data()}, Any{kp.data()}, Any{vp.data()},
+                         Any{table.data()}, Any{lengths.data()}, out.data(), Any{dims.data()});
+    spill(dir, "out", out.data(), out.size() * 4);
+    return 0;
+  }
   // KERNEL DIR OUT_BYTES SYM...: the kernel's buffers from DIR/<name>.bin, in signature order
   std::vector<int64_t> sym;
   for (int i = 4; i < argc; ++i) sym.push_back(std::atol(argv[i]));
@@ -142,7 +157,7 @@ def program(request, tmp_path_factory):
             f'    spill(dir, "out", out.data(), std::atol(argv[3]));\n    return 0;\n  }}'
         )
     source = gen.source.replace("#include <memory>", "#include <memory>\n#include <string>", 1)
-    source += LSTM_SOURCE + HARNESS.replace("@CALLS@", "\n".join(calls))
+    source += LSTM_SOURCE + PAGED_SOURCE + HARNESS.replace("@CALLS@", "\n".join(calls))
     d = tmp_path_factory.mktemp(request.param)
     src, exe = d / "kernels.cpp", d / "kernels"
     src.write_text(source)
@@ -213,6 +228,33 @@ def test_lstm_recurrence(program, tmp_path):
         run("lstm_input", tmp_path, m, k, n)
         got = torch.from_numpy(np.fromfile(tmp_path / "g.bin", dtype="float32")).view(m, n)
         assert torch.allclose(got, torch.addmm(bias, x, w.t()), rtol=1e-4, atol=1e-5), (m, k, n)
+
+
+def test_paged_attention(program, tmp_path):
+    """The decoder's attention over a paged cache: float32 and bfloat16 caches, a head size
+    past the vectors with a tail, pasts across block edges split over chunks, a window, grouped
+    queries, scattered blocks; against `runtime/kv.paged_attention`."""
+    import numpy as np
+
+    run = program[0]
+    hq, hkv, d = 6, 2, 20
+    for i, (lengths, s, window, cache) in enumerate(
+        [([0], 3, 0, torch.float32), ([17, 0], 1, 0, torch.float32), ([300], 2, 5, torch.float32),
+         ([40, 3], 1, 0, torch.bfloat16)]
+    ):  # fmt: skip
+        g = torch.Generator().manual_seed(i)
+        b, width = len(lengths), max(-(-(n + s) // BLOCK) for n in lengths)
+        blocks = b * width + 2
+        table = torch.randperm(blocks, generator=g)[: b * width].view(b, width)
+        kv = [
+            torch.randn(shape, generator=g).to(cache) for shape in [(b, hkv, s, d)] * 2 + [(blocks, hkv, BLOCK, d)] * 2
+        ]
+        x = (torch.randn(b, hq, s, d, generator=g), *kv, table, torch.tensor(lengths))
+        for name, t in zip(("q", "k", "v", "kp", "vp", "table", "lengths", "dims"), kernel_arguments(*x, 0.3, window)):
+            (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tofile(tmp_path / f"{name}.bin")
+        run("paged", tmp_path, b * hq * s * d, int(cache == torch.bfloat16))
+        got = torch.from_numpy(np.fromfile(tmp_path / "out.bin", dtype="float32")).view(b, hq, s, d)
+        assert torch.allclose(got, paged_attention(*x, 0.3, window).float(), rtol=1e-4, atol=1e-5), (lengths, s)
 
 
 def test_merged_attention(program, tmp_path):
