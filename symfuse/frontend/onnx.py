@@ -95,7 +95,7 @@ def check_supported(graph: onnx.GraphProto) -> None:
 
 
 def _symbol_name(name: str) -> str:
-    s = re.sub(r"\W", "_", name)
+    s = re.sub(r"[^0-9A-Za-z_]", "_", name)
     return s if s and not s[0].isdigit() else f"d_{s}"
 
 

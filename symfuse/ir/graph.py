@@ -68,6 +68,15 @@ def reserved_name(name: str) -> bool:
     )
 
 
+def identifier(name: str) -> str:
+    """`name` as an identifier generated code may declare: characters other than ASCII
+    letters, digits and `_` become `_`, and a name starting with a digit or reserved
+    (`reserved_name`) gets a `t_` in front. ONNX names tensors `0`, `input.1`, `x:0`,
+    `onnx::Gemm_3`; two names that map to one identifier are told apart by the builder."""
+    s = re.sub(r"[^0-9A-Za-z_]", "_", name) or "v"
+    return f"t_{s}" if s[0].isdigit() or reserved_name(s) else s
+
+
 @dataclass(frozen=True, eq=False)
 class Value:
     name: str

@@ -17,7 +17,7 @@ import torch
 from symfuse import ops
 from symfuse.ir.dims import Dim, dim
 from symfuse.ir.dtypes import DType
-from symfuse.ir.graph import Graph, Node, Value, reserved_name
+from symfuse.ir.graph import Graph, Node, Value, identifier
 from symfuse.ir.types import TensorType
 from symfuse.shape.context import ShapeContext
 from symfuse.shape.store import ShapeStore
@@ -32,11 +32,9 @@ class GraphBuilder:
         self._scalars: dict[tuple, Value] = {}
 
     def _fresh(self, base: str, user: bool = False) -> str:
-        """A new value name from `base`; a model input (`user`) keeps a reserved name here
-        (its users call it by that name) and is renamed when the graph is finished."""
-        base = base or "v"
-        if reserved_name(base) and not user:
-            base = f"t_{base}"
+        """A new value name from `base`; a model input (`user`) keeps its name here (its
+        users call it by that name) and becomes an identifier when the graph is finished."""
+        base = (base or "v") if user else identifier(base)
         name, i = base, 1
         while name in self._names:
             name, i = f"{base}_{i}", i + 1
@@ -126,16 +124,17 @@ def _canon_attr(store: ShapeStore, v: Any) -> Any:
 
 def canonicalize(graph: Graph, store: ShapeStore) -> Graph:
     """A copy of `graph` whose types and dim attributes are in canonical form, and whose
-    inputs with a reserved name (`reserved_name`) are renamed (the capture keeps the name
-    its users call them by)."""
+    inputs are named by identifiers (`identifier`; the capture keeps the names its users
+    call them by)."""
     new: dict[Value, Value] = {}
     taken = {v.name for v in graph.values()}
     names = {}
     for v in graph.inputs:
-        if reserved_name(v.name):
-            name, i = f"t_{v.name}", 1
+        base = identifier(v.name)
+        if base != v.name:
+            name, i = base, 1
             while name in taken:
-                name, i = f"t_{v.name}_{i}", i + 1
+                name, i = f"{base}_{i}", i + 1
             taken.add(name)
             names[v] = name
 

@@ -701,3 +701,27 @@ def test_top_k_and_einsum():
              "w": np.random.default_rng(5).standard_normal((6, 6)).astype(np.float32)}  # fmt: skip
     m = model(nodes, ins, outs, inits)
     check(m, [dict(N=1, S=2, T=1), dict(N=2, S=7, T=5), dict(N=3, S=16, T=3)], backend="cpu")
+
+
+def test_hostile_names_become_identifiers_and_errors_keep_the_originals():
+    """Exporters name tensors `0`, `input.1`, `x:0`, `onnx::Gemm_3`; names may be C++ or
+    Python words, differ only in case or punctuation, or match what the generated code
+    declares itself. The generated code gets unique identifiers; users and errors see the
+    model's names."""
+    names = ["0", "a.b", "a_b", "x:0", "class", "int", "X", "x", "onnx::Gemm_3", "sym", "ünï"]
+    nodes, prev = [], None
+    for i, n in enumerate(names):
+        nodes.append(oh.make_node("Add", [n, prev or "input.1"], [f"{n}/out"], name=n))
+        nodes.append(oh.make_node("Mul", [f"{n}/out", "w.0"], [f"1{i}" if i % 2 else f"row_{i}"]))
+        prev = nodes[-1].output[0]
+    nodes.append(oh.make_node("Relu", [prev], ["1"]))
+    inputs = [("input.1", F, ["batch size", "class"])] + [(n, F, ["batch size", "class"]) for n in names]
+    outputs = [("1", F, ["batch size", "class"]), (prev, F, ["batch size", "class"])]
+    m = model(nodes, inputs, outputs, {"w.0": np.float32(0.5)})
+    compiled = check(m, [{"batch size": 1, "class": 3}, {"batch size": 4, "class": 16}, {"batch size": 2, "class": 7}],
+                     backend="cpu")  # fmt: skip
+    feed = {n: torch.randn(2, 3) for n in ["input.1", *names]}
+    feed["x:0"] = torch.randn(2, 4)
+    with pytest.raises(ValueError, match=r"'x:0'"):
+        compiled(**feed)
+    assert "x:0" in compiled.explain()
