@@ -923,6 +923,51 @@ def _conv2d(cv, a):
     )  # fmt: skip
 
 
+def _triple(v) -> tuple[int, int, int]:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return tuple(int(v[min(i, len(v) - 1)]) for i in range(3))
+
+
+def _batched(cv, x, spatial: int, op: str, emit):
+    """`emit(x)` on a batched input; an unbatched one (C, *spatial), which torch takes too, as
+    a batch of one."""
+    if x.type.rank == spatial + 2:
+        return emit(x)
+    if x.type.rank != spatial + 1:
+        raise Unsupported(f"{op} of a {x.type.rank}-D input")
+    y = emit(cv.emit("reshape", [x], shape=(dim(1),) + x.type.shape))
+    return cv.emit("reshape", [y], shape=y.type.shape[1:])
+
+
+@converts(aten.conv3d.default)
+def _conv3d(cv, a):
+    attrs = dict(stride=_triple(a.get("stride", 1)), padding=_triple(a.get("padding", 0)),
+                 dilation=_triple(a.get("dilation", 1)), groups=int(a.get("groups", 1)))  # fmt: skip
+    w, bias = cv.tensor(a["weight"]), cv.opt(a.get("bias"))
+    return _batched(cv, cv.tensor(a["input"]), 3, "conv3d", lambda x: cv.emit("conv3d", [x, w, bias], **attrs))
+
+
+@converts(aten.max_pool3d.default)
+def _max_pool3d(cv, a):
+    if a.get("ceil_mode", False):
+        raise Unsupported("max_pool3d with ceil_mode=True")
+    k = _triple(a["kernel_size"])
+    attrs = dict(kernel_size=k, stride=_triple(a.get("stride") or k), padding=_triple(a.get("padding", 0)),
+                 dilation=_triple(a.get("dilation", 1)))  # fmt: skip
+    return _batched(cv, cv.tensor(a["self"]), 3, "max_pool3d", lambda x: cv.emit("max_pool3d", [x], **attrs))
+
+
+@converts(aten.avg_pool3d.default)
+def _avg_pool3d(cv, a):
+    if a.get("ceil_mode", False):
+        raise Unsupported("avg_pool3d with ceil_mode=True")
+    k = _triple(a["kernel_size"])
+    attrs = dict(kernel_size=k, stride=_triple(a.get("stride") or k), padding=_triple(a.get("padding", 0)),
+                 count_include_pad=a.get("count_include_pad", True),
+                 divisor_override=a.get("divisor_override"))  # fmt: skip
+    return _batched(cv, cv.tensor(a["self"]), 3, "avg_pool3d", lambda x: cv.emit("avg_pool3d", [x], **attrs))
+
+
 def _conv(cv, x, w, bias, **attrs):
     """The conv2d op; an unbatched input (C, H, W), which torch takes too, as a batch of one."""
     if x.type.rank != 3:

@@ -30,7 +30,16 @@ from onnx import numpy_helper
 from symfuse.errors import UnsupportedOpsError
 from symfuse.frontend.aten_table import Unsupported
 from symfuse.frontend.dynamic import DimDecl, _decl
-from symfuse.frontend.onnx_table import FOLD, ONNX_OPS, OnnxNode, np_dtype_to_symfuse, onnx_dtype, to_torch
+from symfuse.frontend.onnx_table import (
+    FOLD,
+    ONNX_OPS,
+    SEQUENCE_OPS,
+    OnnxNode,
+    Sequence,
+    np_dtype_to_symfuse,
+    onnx_dtype,
+    to_torch,
+)
 from symfuse.frontend.torch_export import Captured
 from symfuse.ir.dims import Dim, dim
 from symfuse.ir.dtypes import DType
@@ -56,9 +65,13 @@ def load_model(model: Any) -> onnx.ModelProto:
             proto = onnx.load(path)
         except Exception as e:  # noqa: BLE001  (protobuf raises several types)
             raise ValueError(f"'{path}' is not a readable ONNX model: {e}") from None
+    if proto.ir_version < 4:
+        proto = _initializers_as_inputs(proto)
     opset = next((o.version for o in proto.opset_import if o.domain in _STD_DOMAINS), None)
     if opset is None:
         raise ValueError("the ONNX model imports no version of the standard ONNX operator set")
+    if opset < 7:
+        proto = _channel_slopes(proto)
     if opset < MIN_OPSET:
         try:
             proto = onnx.version_converter.convert_version(proto, MIN_OPSET)
@@ -67,6 +80,8 @@ def load_model(model: Any) -> onnx.ModelProto:
                 f"the ONNX model uses opset {opset}; symfuse reads opset {MIN_OPSET} and newer, and converting it "
                 f"failed: {e}"
             ) from None
+    if proto.ir_version < 4:  # again: the conversion adds initializers of its own
+        proto = _initializers_as_inputs(proto)
     if proto.functions:
         proto = onnx.inliner.inline_local_functions(proto)
     try:
@@ -77,6 +92,47 @@ def load_model(model: Any) -> onnx.ModelProto:
     except ValueError:
         pass  # over 2 GB: the checker needs a path; the import below checks what it uses
     return proto
+
+
+def _initializers_as_inputs(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Before IR version 4 every initializer had to be a graph input too; exporters of that
+    time did not always list them (ONNX Runtime accepts such files). A copy that lists them."""
+    listed = {i.name for i in proto.graph.input}
+    missing = [t for t in proto.graph.initializer if t.name not in listed]
+    if not missing:
+        return proto
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    for t in missing:
+        out.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return out
+
+
+def _channel_slopes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Before opset 7 a 1-D `PRelu` slope of C values applied along the channels (dim 1);
+    from opset 7 it broadcasts from the right like any operand, which the version converter
+    leaves to the model. A copy whose constant slopes are shaped [C, 1, ..., 1]."""
+    prelus = [n for n in proto.graph.node if n.op_type == "PRelu" and n.domain in _STD_DOMAINS]
+    inits = {t.name: t for t in proto.graph.initializer}
+    if not any(len(n.input) > 1 and n.input[1] in inits for n in prelus):
+        return proto
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    inits = {t.name: t for t in out.graph.initializer}
+    typed = onnx.shape_inference.infer_shapes(out).graph
+    ranks = {
+        vi.name: len(vi.type.tensor_type.shape.dim)
+        for vi in (*typed.input, *typed.value_info, *typed.output)
+        if vi.type.tensor_type.HasField("shape")
+    }
+    for n in prelus:
+        slope, rank = inits.get(n.input[1]), ranks.get(n.input[0], 0)
+        if slope is not None and len(slope.dims) == 1 and slope.dims[0] > 1 and rank > 2:
+            slope.dims[:] = [slope.dims[0]] + [1] * (rank - 2)
+            for vi in out.graph.input:
+                if vi.name == slope.name:
+                    vi.CopyFrom(onnx.helper.make_tensor_value_info(slope.name, slope.data_type, list(slope.dims)))
+    return out
 
 
 def check_supported(graph: onnx.GraphProto) -> None:
@@ -112,6 +168,9 @@ def _input_decls(graph_inputs, dynamic: Any) -> dict[str, dict[int, DimDecl]]:
             raise ValueError(f"dynamic names input '{k}', but the ONNX model's inputs are {', '.join(names)}")
     out: dict[str, dict[int, DimDecl]] = {}
     for i in graph_inputs:
+        if not i.type.HasField("tensor_type"):
+            kind = (i.type.WhichOneof("value") or "value").replace("_type", "")
+            raise ValueError(f"ONNX input '{i.name}' is a {kind}; symfuse takes tensor inputs")
         dims = i.type.tensor_type.shape.dim if i.type.tensor_type.HasField("shape") else None
         if dims is None:
             raise ValueError(f"ONNX input '{i.name}' has no shape; symfuse needs at least its rank")
@@ -151,6 +210,7 @@ class OnnxConverter:
         self.env: dict[str, Any] = {}  # name -> Value | np.ndarray (object arrays hold dims)
         self._const: dict[int, tuple[np.ndarray, Value]] = {}  # by id; the array is kept alive
         self.initializer_names: dict[int, str] = {}
+        self.input_names: dict[Value, str] = {}  # graph inputs, by the model's names
         self.loc = ""
         self.name = ""
 
@@ -186,10 +246,28 @@ class OnnxConverter:
     def known(self, v: Any, what: str) -> np.ndarray:
         if isinstance(v, np.ndarray):
             return v
+        inputs = self.inputs_behind(v) if isinstance(v, Value) else []
+        source = ", ".join(f"'{self.input_names.get(i, i.name)}'" for i in inputs) or "input data"
         raise Unsupported(
             f"{what} must be known when the model is compiled (a constant, or computed from shapes), "
-            "but it is computed from input data"
+            f"but it is computed from the values of {source}"
+            + (" (give it as an initializer, or compile with its value fixed)" if inputs else "")
         )
+
+    def inputs_behind(self, v: Value) -> list[Value]:
+        """The graph inputs whose values `v` is computed from."""
+        producer = {o: n for n in self.b.graph.nodes for o in n.outputs}
+        seen, todo, found = set(), [v], []
+        while todo:
+            u = todo.pop()
+            if u in seen or u is None:
+                continue
+            seen.add(u)
+            if u in self.input_names:
+                found.append(u)
+            elif u in producer:
+                todo.extend(producer[u].inputs)
+        return sorted(found, key=lambda i: self.input_names[i])
 
     def ints(self, v: Any, what: str) -> list:
         """A known 1-D (or 0-d) integer value as a list of ints and dim expressions."""
@@ -286,6 +364,7 @@ def capture_onnx(model: Any, dynamic: Any = None) -> Captured:
                 shape.append(store.declare(decl.name, lo=lo, hi=hi, bound_at=f"input '{i.name}' dim {d}"))
         v = b.input(i.name, shape, onnx_dtype(tt.elem_type))
         cx.env[i.name] = v
+        cx.input_names[v] = i.name
         declared.append(v)
 
     for idx, node in enumerate(g.node):
@@ -303,7 +382,7 @@ def capture_onnx(model: Any, dynamic: Any = None) -> Captured:
             known = all(x is None or isinstance(x, np.ndarray) for x in ins)
             if known and node.op_type in FOLD:
                 outs = FOLD[node.op_type](cx, on)
-            if outs is None and known and node.op_type not in ("Constant",):
+            if outs is None and known and node.op_type not in ("Constant", *SEQUENCE_OPS):
                 outs = _fold_with_reference(node, ins, opset)
             if outs is None and node.op_type not in ONNX_OPS:
                 raise Unsupported(f"{node.op_type} on tensors computed at run time (symfuse folds it on known values)")
@@ -314,13 +393,17 @@ def capture_onnx(model: Any, dynamic: Any = None) -> Captured:
         outs = outs if isinstance(outs, (tuple, list)) else (outs,)
         for o, v in zip(node.output, outs):
             if o:  # numpy hands back a bare element for a 0-d result
-                cx.env[o] = v if isinstance(v, (Value, np.ndarray)) else np.array(v, dtype=object)
+                cx.env[o] = v if isinstance(v, (Value, np.ndarray, Sequence)) else np.array(v, dtype=object)
 
     results = []
     for o in g.output:
         v = cx.env.get(o.name)
         if v is None:
             raise ValueError(f"ONNX output '{o.name}' is not computed by any node")
+        if isinstance(v, Sequence) or o.type.HasField("sequence_type"):
+            raise UnsupportedOpsError(
+                [("sequence output", f"ONNX output '{o.name}' is a sequence; symfuse returns tensors", "")]
+            )
         cx.loc, cx.name = f"output '{o.name}'", _symbol_name(o.name)
         v = cx.tensor(v)
         want = o.type.tensor_type

@@ -1049,8 +1049,8 @@ def _batch_norm(cx, n):
 # -- pooling and convolution ------------------------------------------------------------------------
 
 
-def _pads2d(cx, n, x, kernel, strides, dilations, ceil: bool = False) -> tuple[tuple, dict]:
-    """The padding of a 2-D window op: `(padding, sides)`, where `padding` is the op's own
+def _window_pads(cx, n, x, kernel, strides, dilations, ceil: bool = False) -> tuple[tuple, dict]:
+    """The padding of a 2-D or 3-D window op: `(padding, sides)`, where `padding` is the op's own
     (the same on both sides of a dim, at most half the window for a pool) and `sides` the
     rest, `{dim: (before, after)}`, to pad explicitly first: uneven or large pads, `SAME`
     padding of a size the stride does not divide, and the extra end a `ceil_mode` window
@@ -1067,10 +1067,10 @@ def _pads2d(cx, n, x, kernel, strides, dilations, ceil: bool = False) -> tuple[t
         half = [floordiv(p, 2) if auto == "SAME_UPPER" else p - floordiv(p, 2) for p in pads]
         begin, end = half, [p - h for p, h in zip(pads, half)]
     elif auto == "VALID":
-        begin, end = [dim(0)] * 2, [dim(0)] * 2
+        begin, end = [dim(0)] * len(sizes), [dim(0)] * len(sizes)
     else:
-        pads = [dim(int(p)) for p in n.attrs.get("pads", [0, 0, 0, 0])]
-        begin, end = pads[:2], pads[2:]
+        pads = [dim(int(p)) for p in n.attrs.get("pads", [0] * 2 * len(sizes))]
+        begin, end = pads[: len(sizes)], pads[len(sizes) :]
     if ceil:
         for i, (h, e, st) in enumerate(zip(sizes, eff, strides)):
             span = h + begin[i] + end[i] - e
@@ -1086,8 +1086,8 @@ def _pads2d(cx, n, x, kernel, strides, dilations, ceil: bool = False) -> tuple[t
     begin, end = [cx.store.canon(dim(b)) for b in begin], [cx.store.canon(dim(e)) for e in end]
     limit = [e // 2 if n.op != "Conv" else None for e in eff]
     if all(b == e and b.is_Integer and (lim is None or int(b) <= lim) for b, e, lim in zip(begin, end, limit)):
-        return (int(begin[0]), int(begin[1])), {}
-    return (0, 0), {2 + i: (b, e) for i, (b, e) in enumerate(zip(begin, end)) if not (b == 0 and e == 0)}
+        return tuple(int(b) for b in begin), {}
+    return (0,) * len(sizes), {2 + i: (b, e) for i, (b, e) in enumerate(zip(begin, end)) if not (b == 0 and e == 0)}
 
 
 def _padded(cx, x, sides: dict, value: float):
@@ -1097,9 +1097,13 @@ def _padded(cx, x, sides: dict, value: float):
     return pad_constant(cx, x, sides, cx.b.scalar(value, x.type.dtype, loc=cx.loc))
 
 
-def _spatial(cx, n, x, what: str) -> None:
-    if x.type.rank != 4:
-        raise Unsupported(f"{what} over {x.type.rank - 2} spatial dims (symfuse has the 1-D and 2-D forms)")
+def _spatial(cx, n, x, what: str, most: int = 3) -> int:
+    """The number of spatial dims of a window op's input (2 or up to `most`; 1-D ones arrive
+    as 2-D, `_one_dimensional`)."""
+    k = x.type.rank - 2
+    if not 2 <= k <= most:
+        raise Unsupported(f"{what} over {k} spatial dims (symfuse has the 1-D to {most}-D forms)")
+    return k
 
 
 def _one_dimensional(convert):
@@ -1135,14 +1139,14 @@ def _one_dimensional(convert):
 @_one_dimensional
 def _conv(cx, n):
     x, w = cx.tensor(n.ins[0]), cx.tensor(n.ins[1])
-    _spatial(cx, n, x, "Conv")
+    k = _spatial(cx, n, x, "Conv")
     bias = cx.tensor(n.input(2)) if n.input(2) is not None else None
     kernel = [int(k) for k in n.attrs.get("kernel_shape", [int(d) for d in w.type.shape[2:]])]
-    strides = tuple(int(s) for s in n.attrs.get("strides", [1, 1]))
-    dil = tuple(int(d) for d in n.attrs.get("dilations", [1, 1]))
-    pad, sides = _pads2d(cx, n, x, kernel, strides, dil)
+    strides = tuple(int(s) for s in n.attrs.get("strides", [1] * k))
+    dil = tuple(int(d) for d in n.attrs.get("dilations", [1] * k))
+    pad, sides = _window_pads(cx, n, x, kernel, strides, dil)
     return cx.emit(
-        "conv2d", [_padded(cx, x, sides, 0.0), w, bias], stride=strides, padding=pad, dilation=dil,
+        f"conv{k}d", [_padded(cx, x, sides, 0.0), w, bias], stride=strides, padding=pad, dilation=dil,
         groups=int(n.attrs.get("group", 1)),
     )  # fmt: skip
 
@@ -1154,7 +1158,7 @@ def _conv_transpose(cx, n):
     or the input size times the stride under `auto_pad=SAME_*`): the total the output is
     short of, split as ONNX says (the larger half at the end for SAME_UPPER)."""
     x = cx.tensor(n.ins[0])
-    _spatial(cx, n, x, "ConvTranspose")
+    _spatial(cx, n, x, "ConvTranspose", most=2)
     w = cx.known(n.ins[1], "ConvTranspose's weight")
     strides = tuple(int(v) for v in n.attrs.get("strides", [1, 1]))
     dil = tuple(int(v) for v in n.attrs.get("dilations", [1, 1]))
@@ -1182,28 +1186,28 @@ def _conv_transpose(cx, n):
 @converts("MaxPool", "AveragePool")
 @_one_dimensional
 def _pool(cx, n):
-    """A pool whose padding torch's cannot express (`_pads2d`) runs over the input padded
+    """A pool whose padding torch's cannot express (`_window_pads`) runs over the input padded
     explicitly: with -inf for MaxPool, with zeros for AveragePool, whose divisor is then the
     same pool over ones padded where the divisor counts (the pads with count_include_pad,
     never the ceil_mode end)."""
     x = cx.tensor(n.ins[0])
-    _spatial(cx, n, x, n.op)
+    nd = _spatial(cx, n, x, n.op)
     if n.used(1):
         raise Unsupported("MaxPool's indices output")
     k = tuple(int(v) for v in n.attrs["kernel_shape"])
-    strides = tuple(int(s) for s in n.attrs.get("strides", [1, 1]))
-    dil = tuple(int(d) for d in n.attrs.get("dilations", [1, 1]))
-    pad, sides = _pads2d(cx, n, x, k, strides, dil, ceil=bool(n.attrs.get("ceil_mode", 0)))
+    strides = tuple(int(s) for s in n.attrs.get("strides", [1] * nd))
+    dil = tuple(int(d) for d in n.attrs.get("dilations", [1] * nd))
+    pad, sides = _window_pads(cx, n, x, k, strides, dil, ceil=bool(n.attrs.get("ceil_mode", 0)))
     if n.op == "MaxPool":
         x = _padded(cx, x, sides, float("-inf") if x.type.dtype.is_float else int(torch.iinfo(x.type.dtype.torch).min))
-        return cx.emit("max_pool2d", [x], kernel_size=k, stride=strides, padding=pad, dilation=dil)
-    if dil != (1, 1):
+        return cx.emit(f"max_pool{nd}d", [x], kernel_size=k, stride=strides, padding=pad, dilation=dil)
+    if any(d != 1 for d in dil):
         raise Unsupported("AveragePool with dilations")
     include = bool(n.attrs.get("count_include_pad", 0))
 
     def pool(t):
         return cx.emit(
-            "avg_pool2d", [t], kernel_size=k, stride=strides, padding=pad, count_include_pad=include,
+            f"avg_pool{nd}d", [t], kernel_size=k, stride=strides, padding=pad, count_include_pad=include,
             divisor_override=None,
         )  # fmt: skip
 
@@ -1217,9 +1221,9 @@ def _pool(cx, n):
     if include:  # the pads count, the ceil_mode end does not
         if n.attrs.get("auto_pad", "NOTSET") != "NOTSET":
             raise Unsupported("AveragePool with auto_pad, ceil_mode and count_include_pad together")
-        pads = n.attrs.get("pads", [0, 0, 0, 0])
-        b, e = [int(p) for p in pads[:2]], [int(p) for p in pads[2:]]
-        ones = _padded(cx, ones, {2 + i: (b[i], e[i]) for i in range(2) if b[i] or e[i]}, 1.0)
+        pads = n.attrs.get("pads", [0] * 2 * nd)
+        b, e = [int(p) for p in pads[:nd]], [int(p) for p in pads[nd:]]
+        ones = _padded(cx, ones, {2 + i: (b[i], e[i]) for i in range(nd) if b[i] or e[i]}, 1.0)
         sides = {d: (lo - b[d - 2], hi - e[d - 2]) for d, (lo, hi) in sides.items()}
     return cx.emit("div", [summed, pool(_padded(cx, ones, sides, 0.0))], rounding_mode=None)
 
@@ -1227,10 +1231,13 @@ def _pool(cx, n):
 @converts("GlobalAveragePool", "GlobalMaxPool")
 def _global_pool(cx, n):
     x = cx.tensor(n.ins[0])
-    _spatial(cx, n, x, n.op)
+    nd = _spatial(cx, n, x, n.op)
+    dims = tuple(range(2, 2 + nd))
     if n.op == "GlobalAveragePool":
-        return cx.emit("adaptive_avg_pool2d", [x], output_size=(1, 1))
-    return cx.emit("amax", [x], dims=(2, 3), keepdim=True)
+        if nd == 2:
+            return cx.emit("adaptive_avg_pool2d", [x], output_size=(1, 1))
+        return cx.emit("mean", [x], dims=dims, keepdim=True, dtype=None)
+    return cx.emit("amax", [x], dims=dims, keepdim=True)
 
 
 # -- compute-intensive ------------------------------------------------------------------------------
@@ -1286,6 +1293,136 @@ def _gemm(cx, n):
     return y
 
 
+# -- sequences ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """An ONNX sequence whose length is known at compile time: a loop-free graph builds it
+    from tensors at known positions, so the import unrolls it into its items (`Value`s or
+    known arrays). `items` is None for a sequence whose length alone is known (a split by
+    sizes computed at run time)."""
+
+    items: tuple | None
+    length: int
+
+    @staticmethod
+    def of(items) -> Sequence:
+        return Sequence(tuple(items), len(items))
+
+    def known_items(self, what: str) -> list:
+        if self.items is None:
+            raise Unsupported(f"{what} of a sequence whose items' sizes are computed from input data")
+        return list(self.items)
+
+
+def _position(cx, n, i: int, length: int, default: int, end_ok: bool = False) -> int:
+    """A sequence position input (counted from the back when negative), checked against the
+    length the import knows."""
+    v = n.input(i)
+    if v is None:
+        return default
+    (pos,) = cx.ints(v, f"{n.op}'s position")
+    if not isinstance(pos, int):
+        raise Unsupported(f"{n.op} at a position computed from shapes ({pos})")
+    hi = length if end_ok else length - 1
+    if not -length <= pos <= hi:
+        raise Unsupported(f"{n.op} at position {pos} of a sequence of {length} tensor(s)")
+    return pos + length if pos < 0 else pos
+
+
+def _sequence(v, n) -> Sequence:
+    if not isinstance(v, Sequence):
+        raise Unsupported(f"{n.op} expects a sequence as its first input")
+    return v
+
+
+SEQUENCE_OPS = frozenset(
+    "SequenceEmpty SequenceConstruct SequenceInsert SequenceErase SequenceAt SequenceLength SplitToSequence "
+    "ConcatFromSequence".split()
+)  # converted here even on known values (onnx's reference evaluator would hand back lists)
+
+
+@converts("SequenceEmpty")
+def _sequence_empty(cx, n):
+    return Sequence.of(())
+
+
+@converts("SequenceConstruct")
+def _sequence_construct(cx, n):
+    return Sequence.of(n.ins)
+
+
+@converts("SequenceInsert")
+def _sequence_insert(cx, n):
+    seq = _sequence(n.ins[0], n)
+    items = seq.known_items(n.op)
+    items.insert(_position(cx, n, 2, seq.length, seq.length, end_ok=True), n.ins[1])
+    return Sequence.of(items)
+
+
+@converts("SequenceErase")
+def _sequence_erase(cx, n):
+    seq = _sequence(n.ins[0], n)
+    items = seq.known_items(n.op)
+    del items[_position(cx, n, 1, seq.length, seq.length - 1)]
+    return Sequence.of(items)
+
+
+@converts("SequenceAt")
+def _sequence_at(cx, n):
+    seq = _sequence(n.ins[0], n)
+    return seq.known_items(n.op)[_position(cx, n, 1, seq.length, 0)]
+
+
+@converts("SequenceLength")
+def _sequence_length(cx, n):
+    return np.array(_sequence(n.ins[0], n).length, dtype=np.int64)
+
+
+@converts("SplitToSequence")
+def _split_to_sequence(cx, n):
+    """Into the sizes `split` gives (a 1-D tensor), chunks of `split` (a scalar), or single
+    slices (no `split`; `keepdims=0` drops the split dim), as many as the import can count."""
+    x = cx.tensor(n.ins[0])
+    axis = n.attrs.get("axis", 0) % x.type.rank
+    d = x.type.shape[axis]
+    split = n.input(1)
+    if isinstance(split, Value):
+        if split.type.rank == 1 and split.type.shape[0].is_Integer:
+            return Sequence(None, int(split.type.shape[0]))
+        raise Unsupported("SplitToSequence by a split computed from input data")
+    if split is None or np.ndim(split) == 0:
+        size = 1 if split is None else cx.ints(split, "SplitToSequence's split")[0]
+        if not d.is_Integer:
+            raise Unsupported(f"SplitToSequence of dim {axis} ({d}, dynamic) into chunks: their number is not known")
+        sizes = [dim(size)] * (int(d) // size) + ([dim(int(d) % size)] if int(d) % size else [])
+    else:
+        sizes = list(cx.dims(split, "SplitToSequence's split"))
+    out, start = [], dim(0)
+    for size in sizes:
+        part = cx.emit("slice", [x], dim=axis, start=start, end=start + size, step=1)
+        if split is None and not n.attrs.get("keepdims", 1):
+            part = cx.emit("reshape", [part], shape=x.type.shape[:axis] + x.type.shape[axis + 1 :])
+        out.append(part)
+        start = start + size
+    return Sequence.of(out)
+
+
+@converts("ConcatFromSequence")
+def _concat_from_sequence(cx, n):
+    seq = _sequence(n.ins[0], n)
+    xs = [cx.tensor(v) for v in seq.known_items(n.op)]
+    if not xs:
+        raise Unsupported("ConcatFromSequence of an empty sequence")
+    axis = int(n.attrs["axis"])
+    if n.attrs.get("new_axis", 0):
+        rank = xs[0].type.rank + 1
+        axis %= rank
+        xs = [cx.emit("reshape", [x], shape=x.type.shape[:axis] + (dim(1),) + x.type.shape[axis:]) for x in xs]
+    return xs[0] if len(xs) == 1 else cx.emit("cat", xs, dim=axis)
+
+
 @converts("LSTM")
 def _lstm(cx, n):
     a = n.attrs
@@ -1322,4 +1459,4 @@ def _lstm(cx, n):
     return y, h, c
 
 
-__all__ = ["FOLD", "ONNX_OPS", "OnnxNode"]
+__all__ = ["FOLD", "ONNX_OPS", "SEQUENCE_OPS", "OnnxNode", "Sequence"]

@@ -58,24 +58,30 @@ defop(
 )
 
 
-def _conv2d_shape(ctx, x, weight, bias, stride, padding, dilation, groups):
-    if x.rank != 4 or weight.rank != 4:
-        raise ctx.error(f"conv2d needs 4-D input and weight, got {x} and {weight}")
-    if x.dtype not in (DType.float32, DType.bfloat16, DType.float16):
-        raise ctx.error(f"conv2d of {x.dtype} tensors: the library convolution takes f32, bf16 and f16")
-    ctx.eq(x.shape[1], weight.shape[1] * groups, "conv2d input channels equal weight channels times groups")
-    if bias is not None:
-        ctx.eq(bias.shape[0], weight.shape[0], "conv2d bias has one entry per output channel")
-    for i in (2, 3):
-        if not weight.shape[i].is_Integer:
-            raise ctx.error(
-                f"conv2d's kernel size must be static: weight dim {i} is {weight.shape[i]} (an input's dim that is "
-                "declared or left dynamic; fix it in `dynamic`)"
-            )
-    hw = tuple(
-        pool_out(ctx, x.shape[2 + i], int(weight.shape[2 + i]), stride[i], padding[i], dilation[i]) for i in range(2)
-    )
-    return (x.shape[0], weight.shape[0]) + hw
+def _conv_shape(spatial: int):
+    op, rank = f"conv{spatial}d", spatial + 2
+
+    def shape(ctx, x, weight, bias, stride, padding, dilation, groups):
+        if x.rank != rank or weight.rank != rank:
+            raise ctx.error(f"{op} needs {rank}-D input and weight, got {x} and {weight}")
+        if x.dtype not in (DType.float32, DType.bfloat16, DType.float16):
+            raise ctx.error(f"{op} of {x.dtype} tensors: the library convolution takes f32, bf16 and f16")
+        ctx.eq(x.shape[1], weight.shape[1] * groups, f"{op} input channels equal weight channels times groups")
+        if bias is not None:
+            ctx.eq(bias.shape[0], weight.shape[0], f"{op} bias has one entry per output channel")
+        for i in range(2, rank):
+            if not weight.shape[i].is_Integer:
+                raise ctx.error(
+                    f"{op}'s kernel size must be static: weight dim {i} is {weight.shape[i]} (an input's dim that "
+                    "is declared or left dynamic; fix it in `dynamic`)"
+                )
+        sides = tuple(
+            pool_out(ctx, x.shape[2 + i], int(weight.shape[2 + i]), stride[i], padding[i], dilation[i])
+            for i in range(spatial)
+        )
+        return (x.shape[0], weight.shape[0]) + sides
+
+    return shape
 
 
 defop(
@@ -83,13 +89,26 @@ defop(
     Kind.COMPUTE,
     ("x", "weight", "bias?"),
     ("stride", "padding", "dilation", "groups"),
-    shape=_conv2d_shape,
+    shape=_conv_shape(2),
     dtype=same_dtype(),
     ref=lambda x, weight, bias, stride, padding, dilation, groups: F.conv2d(
         x, weight, bias, stride, padding, dilation, groups
     ),
     lower=conv2d_rule,
     constraints="channels tie; each output side is (H + 2p - d(k-1) - 1)//s + 1 >= 1",
+)
+defop(
+    "conv3d",
+    Kind.COMPUTE,
+    ("x", "weight", "bias?"),
+    ("stride", "padding", "dilation", "groups"),
+    shape=_conv_shape(3),
+    dtype=same_dtype(),
+    ref=lambda x, weight, bias, stride, padding, dilation, groups: F.conv3d(
+        x, weight, bias, stride, padding, dilation, groups
+    ),
+    constraints="channels tie; each output side is (D + 2p - d(k-1) - 1)//s + 1 >= 1",
+    doc="volumetric convolution: the library's (torch's) kernel inside the program",
 )
 
 

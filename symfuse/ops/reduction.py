@@ -141,12 +141,21 @@ def _pool_out(ctx, size, k, s, p, d):
     return out
 
 
-def _pool2d_shape(ctx, x, kernel_size, stride, padding, dilation=(1, 1), **_):
-    if x.rank not in (3, 4):
-        raise ctx.error(f"2-D pooling needs a 3-D or 4-D input, got {x}")
-    stride = stride or kernel_size
-    hw = tuple(_pool_out(ctx, x.shape[-2 + i], kernel_size[i], stride[i], padding[i], dilation[i]) for i in range(2))
-    return x.shape[:-2] + hw
+def _pool_shape(spatial: int):
+    def shape(ctx, x, kernel_size, stride, padding, dilation=(1,) * spatial, **_):
+        if x.rank not in (spatial + 1, spatial + 2):
+            raise ctx.error(f"{spatial}-D pooling needs a {spatial + 1}-D or {spatial + 2}-D input, got {x}")
+        stride = stride or kernel_size
+        sides = tuple(
+            _pool_out(ctx, x.shape[i - spatial], kernel_size[i], stride[i], padding[i], dilation[i])
+            for i in range(spatial)
+        )
+        return x.shape[:-spatial] + sides
+
+    return shape
+
+
+_pool2d_shape = _pool_shape(2)
 
 
 defop(
@@ -174,6 +183,32 @@ defop(
     ),
     lower=avg_pool2d_rule,
     constraints="each output side is at least 1",
+)
+defop(
+    "max_pool3d",
+    Kind.REDUCTION,
+    ("x",),
+    ("kernel_size", "stride", "padding", "dilation"),
+    shape=_pool_shape(3),
+    dtype=same_dtype(),
+    ref=lambda x, kernel_size, stride, padding, dilation: F.max_pool3d(
+        x, kernel_size, stride or None, padding, dilation
+    ),
+    constraints="each output side is at least 1",
+    doc="volumetric max pooling: torch's kernel inside the program",
+)
+defop(
+    "avg_pool3d",
+    Kind.REDUCTION,
+    ("x",),
+    ("kernel_size", "stride", "padding", "count_include_pad", "divisor_override"),
+    shape=_pool_shape(3),
+    dtype=same_dtype(),
+    ref=lambda x, kernel_size, stride, padding, count_include_pad, divisor_override: F.avg_pool3d(
+        x, kernel_size, stride or None, padding, False, count_include_pad, divisor_override
+    ),
+    constraints="each output side is at least 1",
+    doc="volumetric average pooling: torch's kernel inside the program",
 )
 defop(
     "adaptive_avg_pool2d",

@@ -852,3 +852,26 @@ def test_float_functions_of_integers_promote_and_integers_are_never_inf(seeded):
     conv = lambda_module(lambda x: torch.nn.functional.conv2d(x, torch.ones(2, 3, 3, 3, dtype=torch.int64)))
     with pytest.raises(symfuse.ShapeError, match="conv2d of i64 tensors: the library convolution takes f32"):
         symfuse.compile(conv, (torch.randint(0, 3, (1, 3, 8, 8)),))
+
+
+def test_volumetric_convolution_and_pools_run_every_volume():
+    """Conv3d, MaxPool3d and AvgPool3d (torch's kernels inside the program) over a dynamic
+    batch, depth, height and width: one compile, every volume."""
+
+    class Volume(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv3d(3, 4, (3, 2, 3), stride=(1, 2, 1), padding=1)
+            self.max = torch.nn.MaxPool3d(2, padding=1)
+            self.avg = torch.nn.AvgPool3d((2, 1, 2))
+
+        def forward(self, x):
+            return self.avg(self.max(torch.relu(self.conv(x))))
+
+    m = Volume().eval()
+    before = symfuse.compile_count()
+    c = symfuse.compile(m, (torch.randn(2, 3, 8, 9, 10),), dynamic={"x": {0: "B", 2: "D", 3: "H", 4: "W"}})
+    for shape in [(1, 3, 2, 1, 2), (3, 3, 16, 13, 11), (2, 3, 7, 5, 13)]:
+        x = torch.randn(*shape)
+        torch.testing.assert_close(c(x), m(x), rtol=1e-4, atol=1e-4)
+    assert symfuse.compile_count() == before + 1

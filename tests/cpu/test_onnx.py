@@ -394,8 +394,15 @@ def test_unsupported_ops_listed_with_counts_and_nodes_before_compiling():
 def test_data_dependent_shape_is_a_clear_error():
     nodes = [oh.make_node("Reshape", ["x", "shape"], ["y"])]
     m = model(nodes, [X, ("shape", I64, [2])], [Y])
-    with pytest.raises(UnsupportedOpsError, match=r"Reshape's shape must be known .* computed from input data"):
+    with pytest.raises(UnsupportedOpsError, match=r"Reshape's shape must be known .* from the values of 'shape'"):
         symfuse.compile(m)
+    # through a chain of ops, for each op that takes a shape
+    for op, extra in [("Expand", []), ("Tile", []), ("Reshape", [])]:
+        nodes = [oh.make_node("Add", ["shape", "one"], ["s1"]), oh.make_node("Abs", ["s1"], ["s2"]),
+                 oh.make_node(op, ["x", "s2", *extra], ["y"])]  # fmt: skip
+        m = model(nodes, [X, ("shape", I64, [2])], [Y], {"one": np.int64(1)})
+        with pytest.raises(UnsupportedOpsError, match=rf"{op}.* must be known .* from the values of 'shape'"):
+            symfuse.compile(m)
 
 
 def test_missing_file_and_bad_arguments(tmp_path):
@@ -725,3 +732,78 @@ def test_hostile_names_become_identifiers_and_errors_keep_the_originals():
     with pytest.raises(ValueError, match=r"'x:0'"):
         compiled(**feed)
     assert "x:0" in compiled.explain()
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_three_dimensional_windows(backend):
+    """Conv, MaxPool, AveragePool and the global pools over depth, height and width, with
+    uneven pads, strides and dilations, at several volumes."""
+    rng = np.random.default_rng(3)
+    nodes = [
+        oh.make_node(
+            "Conv", ["x", "w", "b"], ["c"], strides=[1, 2, 1], pads=[1, 0, 1, 1, 0, 2], dilations=[1, 1, 2], group=2
+        ),  # fmt: skip
+        oh.make_node("MaxPool", ["c"], ["m"], kernel_shape=[2, 2, 2], strides=[1, 1, 2], pads=[1, 0, 0, 0, 1, 1]),
+        oh.make_node("AveragePool", ["m"], ["a"], kernel_shape=[2, 1, 2], pads=[0, 0, 1, 1, 0, 0]),
+        oh.make_node("GlobalAveragePool", ["a"], ["g"]),
+        oh.make_node("GlobalMaxPool", ["a"], ["h"]),
+    ]
+    inits = {"w": rng.standard_normal((6, 2, 3, 2, 3)).astype(np.float32),
+             "b": rng.standard_normal(6).astype(np.float32)}  # fmt: skip
+    x = ("x", F, ["N", 4, "D", "H", "W"])
+    outs = [("a", F, ["N", 6, "D2", "H2", "W2"]), ("g", F, ["N", 6, 1, 1, 1]), ("h", F, ["N", 6, 1, 1, 1])]
+    m = model(nodes, [x], outs, inits)
+    check(m, [dict(N=1, D=3, H=4, W=5), dict(N=2, D=7, H=9, W=16), dict(N=1, D=16, H=5, W=13)], backend=backend)
+
+
+def test_sequences_unroll():
+    """Sequence ops over a sequence whose length the import knows: built, edited, indexed
+    and concatenated at known positions, split into known sizes along a dynamic dim."""
+    nodes = [
+        oh.make_node("SequenceConstruct", ["x", "y"], ["s1"]),
+        oh.make_node("SequenceInsert", ["s1", "x", "minus1"], ["s2"]),  # x, x, y
+        oh.make_node("SequenceErase", ["s2", "zero"], ["s3"]),  # x, y
+        oh.make_node("SequenceInsert", ["s3", "y"], ["s4"]),  # x, y, y
+        oh.make_node("SequenceAt", ["s4", "minus1"], ["last"]),
+        oh.make_node("ConcatFromSequence", ["s4"], ["cat"], axis=1),
+        oh.make_node("ConcatFromSequence", ["s4"], ["stack"], axis=-1, new_axis=1),
+        oh.make_node("SequenceLength", ["s4"], ["len"]),
+        oh.make_node("SplitToSequence", ["x", "sizes"], ["parts"], axis=1),
+        oh.make_node("SequenceAt", ["parts", "one"], ["second"]),
+        oh.make_node("SplitToSequence", ["z"], ["rows"], axis=0, keepdims=0),
+        oh.make_node("ConcatFromSequence", ["rows"], ["rowcat"], axis=0),
+    ]
+    inits = {"minus1": np.int64(-1), "zero": np.int64(0), "one": np.int64(1), "sizes": np.array([1, 2, 3])}
+    outs = [("last", F, ["N", 6]), ("cat", F, ["N", 18]), ("stack", F, ["N", 6, 3]), ("len", I64, []),
+            ("second", F, ["N", 2]), ("rowcat", F, [12])]  # fmt: skip
+    m = model(nodes, [("x", F, ["N", 6]), ("y", F, ["N", 6]), ("z", F, [3, 4])], outs, inits)
+    check(m, [dict(N=1), dict(N=5), dict(N=16)], backend="cpu")
+
+
+def test_sequence_refusals_are_clear():
+    nodes = [oh.make_node("SplitToSequence", ["x"], ["s"], axis=1), oh.make_node("SequenceAt", ["s", "zero"], ["y"])]
+    m = model(nodes, [X], [("y", F, ["N", 1])], {"zero": np.int64(0)})
+    with pytest.raises(UnsupportedOpsError, match=r"SplitToSequence of dim 1 \(S, dynamic\)"):
+        symfuse.compile(m)
+    nodes = [oh.make_node("SequenceConstruct", ["x"], ["s"]), oh.make_node("SequenceAt", ["s", "five"], ["y"])]
+    m = model(nodes, [X], [Y], {"five": np.int64(5)})
+    with pytest.raises(UnsupportedOpsError, match=r"SequenceAt at position 5 of a sequence of 1 tensor"):
+        symfuse.compile(m)
+
+
+def test_ir_version_3_initializers_and_opset_6_channel_slopes():
+    """Exporters of IR version 3 left initializers out of the graph inputs, and opset 6's
+    PRelu applied a 1-D slope along the channels: both as ONNX Runtime reads them."""
+    rng = np.random.default_rng(1)
+    slope = rng.standard_normal(3).astype(np.float32)
+    g = oh.make_graph(
+        [oh.make_node("Add", ["x", "bias"], ["t"]), oh.make_node("PRelu", ["t", "slope"], ["y"])], "old",
+        [oh.make_tensor_value_info("x", F, [2, 3, 4, 5])], [oh.make_tensor_value_info("y", F, [2, 3, 4, 5])],
+        [numpy_helper.from_array(np.float32(0.5).reshape(1), "bias"), numpy_helper.from_array(slope, "slope")],
+    )  # fmt: skip
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 6)])
+    m.ir_version = 3
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    got = symfuse.compile(m)(torch.from_numpy(x))[0].numpy()
+    t = x + 0.5
+    np.testing.assert_allclose(got, np.where(t > 0, t, t * slope.reshape(3, 1, 1)), rtol=1e-6)

@@ -102,12 +102,30 @@ CASES = {
             "divisor_override": None,
         },
     ),
+    "max_pool3d": (
+        [T("B,2,S+2,4,S+3")],
+        {"kernel_size": (2, 2, 3), "stride": (1, 2, 1), "padding": (1, 0, 1), "dilation": (1, 1, 2)},
+    ),
+    "avg_pool3d": (
+        [T("B,2,S+1,3,S+2")],
+        {
+            "kernel_size": (2, 2, 2),
+            "stride": (2, 1, 2),
+            "padding": (1, 0, 1),
+            "count_include_pad": False,
+            "divisor_override": None,
+        },
+    ),
     "adaptive_avg_pool2d": ([T("B,3,S+1,S+2")], {"output_size": (2, 3)}),
     "linear": ([X, T("5,8"), T("5")], {}),
     "matmul": ([X, T("8,5")], {}),
     "conv2d": (
         [T("B,3,S+2,S+2"), T("4,3,3,3"), T("4")],
         {"stride": (2, 1), "padding": (1, 0), "dilation": (1, 1), "groups": 1},
+    ),
+    "conv3d": (
+        [T("B,4,S+2,5,S+2"), T("6,2,3,2,3"), T("6")],
+        {"stride": (2, 1, 1), "padding": (1, 0, 1), "dilation": (1, 2, 1), "groups": 2},
     ),
     "sdpa": ([T("B,2,S,4"), T("B,2,S,4"), T("B,2,S,6"), None], {"is_causal": True, "scale": None}),
     "paged_attention": (  # 6 blocks of 16 tokens, 3 a sequence: pasts of up to 39 tokens
