@@ -1,4 +1,4 @@
-"""The `symfuse` command: demo, explain, bench, compile, run, serve, cache and models."""
+"""The `symfuse` command: demo, explain, bench, compile, tune, run, serve, cache, generate and models."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def parse_dynamic_flags(flags: list[str] | None) -> dict[str, dict[int, str]] | 
 PRECISION_HELP = "fp32 or bf16 (bfloat16 weights and intermediates; fp32 where the CPU has no bf16 instructions)"
 
 
-def _compile_model(model: str, dynamic_flags: list[str] | None, precision: str = "fp32"):
+def _compile_model(model: str, dynamic_flags: list[str] | None, precision: str = "fp32", **options):
     """A built-in model's name or an ONNX file, compiled; returns (name, module, example binding)."""
     import symfuse
     from symfuse.frontend import is_onnx
@@ -113,12 +113,12 @@ def _compile_model(model: str, dynamic_flags: list[str] | None, precision: str =
 
     dynamic = parse_dynamic_flags(dynamic_flags)
     if is_onnx(model):
-        return os.path.basename(model), symfuse.compile(model, dynamic=dynamic, precision=precision), None
+        return os.path.basename(model), symfuse.compile(model, dynamic=dynamic, precision=precision, **options), None
     if dynamic is not None:
         raise ValueError("--dynamic applies to ONNX files; a built-in model declares its own dynamic dims")
     case = load(model)
     ex = case.inputs(**case.example)
-    return case.name, symfuse.compile(case.model, ex, case.dynamic, precision=precision), case.example
+    return case.name, symfuse.compile(case.model, ex, case.dynamic, precision=precision, **options), case.example
 
 
 def cmd_explain(args) -> int:
@@ -182,6 +182,30 @@ def _random_inputs(spec, binding: dict[str, int]) -> list[torch.Tensor]:
         else:
             out.append(torch.randint(0, 2, shape, dtype=inp.dtype))
     return out
+
+
+def cmd_tune(args) -> int:
+    """Measure the switch points each model needs on this machine (kept in the machine folder;
+    every later compile here uses them), and show them beside the model's values."""
+    from symfuse.codegen.cpu.calibrate import modelled
+
+    logging.getLogger("symfuse").setLevel(logging.WARNING)  # the table says what was measured
+    for model in args.models:
+        t0 = time.perf_counter()
+        name, compiled, _ = _compile_model(model, args.dynamic, args.precision, switch_points="measure")
+        native = compiled.native
+        print(f"{name}: {len(native.thresholds)} switch points, measured or read in {time.perf_counter() - t0:.1f}s "
+              f"({native.target.describe()})")  # fmt: skip
+        seen = set()
+        for th in sorted(native.thresholds.values(), key=lambda t: (t.kind, t.shape)):
+            if (th.kind, th.shape) in seen:
+                continue
+            seen.add((th.kind, th.shape))
+            model_value = modelled(th.kind, th.shape, native.target)
+            mark = "" if model_value == th.value else f" (the model says {model_value})"
+            print(f"  {th.kind:<28} {'x'.join(map(str, th.shape)) or '-':<12} {th.value:>6}{mark}")
+    print("kept in the machine folder (symfuse cache shows where); compiles on this machine use them from now on")
+    return 0
 
 
 def cmd_run(args) -> int:
@@ -497,6 +521,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("-o", "--out", required=True, help="the artifact folder to write")
     c.add_argument("--precision", default="fp32", help=PRECISION_HELP)
     c.set_defaults(fn=cmd_compile)
+    t = sub.add_parser("tune", help="measure the switch points models need on this machine (else modelled)")
+    t.add_argument("models", nargs="*", default=["bert-small"], help="built-in models' names or ONNX files")
+    t.add_argument("--dynamic", action="append", help="for an ONNX file: INPUT:DIM=NAME,... (repeatable)")
+    t.add_argument("--precision", default="fp32", help=PRECISION_HELP)
+    t.set_defaults(fn=cmd_tune)
     r = sub.add_parser("run", help="load a saved artifact and run it on given inputs or random ones at given shapes")
     r.add_argument("artifact", help="a folder written by `symfuse compile` or CompiledModule.save")
     r.add_argument("--shape", action="append", help="SYMBOL=VALUE,... (repeatable), e.g. --shape B=1,S=16")

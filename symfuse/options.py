@@ -14,7 +14,7 @@ SWITCH_KINDS = (
 )  # fmt: skip
 # how a kernel is built: how the bf16 row kernel multiplies, the steps of K in the row kernel's chunk
 BUILD_KINDS = ("bf16_multiply", "row_chunk")
-# every threshold can be set by hand; else it is measured once per machine (calibrate.py)
+# every threshold can be set by hand; else it is modelled from the CPU, or measured once per machine (calibrate.py)
 THRESHOLD_KINDS = SWITCH_KINDS + BUILD_KINDS
 
 
@@ -64,6 +64,9 @@ class Options:
     # fp32 | bf16 (cpu and GPU) | fp16 (GPU): half-precision storage, float32 math and accumulation
     precision: str = "fp32"
     cuda_graphs: int = 16  # GPU: CUDA graphs kept (one per binding seen twice, least recently used dropped); 0: none
+    # switch points not yet measured on this machine: "model" takes them from a model of the
+    # CPU (no wait), "measure" times the versions now and keeps the values (`symfuse tune`)
+    switch_points: str = "model"
 
     @staticmethod
     def from_env(**overrides) -> Options:
@@ -76,6 +79,8 @@ class Options:
         if "backend" not in given and str(env.get("device", "cpu")).startswith("cuda"):
             env["backend"] = "triton"
         opts = Options(**env)
+        if opts.switch_points not in ("model", "measure"):
+            raise ValueError(f"switch_points must be 'model' or 'measure', got {opts.switch_points!r}")
         if opts.precision not in ("fp32", "fp16", "bf16"):
             raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', got {opts.precision!r}")
         if opts.backend not in ("cpu", "triton", "reference"):
@@ -112,6 +117,9 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str], Any], str]] = {
                     "instead of the best this machine runs"),
     "SYMFUSE_THRESHOLDS": ("thresholds", lambda v: parse_thresholds(v, "SYMFUSE_THRESHOLDS"),
                            "switch points set by hand, `kind=value,...` (`linear_rows=48`)"),
+    "SYMFUSE_SWITCH_POINTS": ("switch_points", lambda v: v.strip().lower(), "`model` (default): switch points not "
+                              "measured on this machine come from a model of its CPU; `measure`: time them now, "
+                              "once, and keep them (what `symfuse tune` does)"),
     "SYMFUSE_SANITIZE": ("sanitize", lambda v: v not in ("", "0"), "build generated C++ with AddressSanitizer and "
                          "UBSan (a test mode, `docs/reliability.md`)"),
     "SYMFUSE_CUDA_GRAPHS": ("cuda_graphs", int, "GPU: CUDA graphs kept, one per binding (default 16; 0: none)"),

@@ -26,6 +26,7 @@ def flat_outputs(out: Any) -> list:
 class Engine:
     name = ""
     requires: tuple[str, ...] = ()
+    note = ""  # what the report says of the engine as prepared (the precision it chose, ...)
 
     def prepare(self, case, workdir: str) -> Callable[[dict], list]:
         raise NotImplementedError
@@ -65,6 +66,26 @@ class Symfuse(Engine):
         return self._symfuse.compile_count() - self._base
 
 
+class SymfuseFresh(Symfuse):
+    """symfuse's first compile on a fresh machine: an empty kernel cache and machine folder
+    (no target detected, no switch point measured), what a new container or CI job pays; its
+    compile time beside `symfuse`'s, which finds them warm."""
+
+    name = "symfuse-fresh"
+
+    def prepare(self, case, workdir):
+        import symfuse
+
+        self._symfuse = symfuse
+        ex = case.inputs(**case.example)
+        fresh = dict(
+            cache_dir=os.path.join(workdir, "fresh-kernels"), machine_dir=os.path.join(workdir, "fresh-machine")
+        )
+        self.compiled = symfuse.compile(case.model, ex, case.dynamic, precision=self.precision, **fresh)
+        self._base = symfuse.compile_count()
+        return lambda inputs: flat_outputs(self.compiled(**inputs))
+
+
 class SymfuseBf16(Symfuse):
     """symfuse with precision="bf16" (fp32 where the CPU has no bf16 instructions: see explain)."""
 
@@ -92,14 +113,17 @@ class SymfuseOnnx(Symfuse):
 class TorchCompile(Engine):
     name = "torch-compile"
     freezing = False
+    mode: str | None = None
+    cpp_wrapper = False
 
     def prepare(self, case, workdir):
         import torch._dynamo
         import torch._inductor.config
 
         torch._inductor.config.freezing = self.freezing
+        torch._inductor.config.cpp_wrapper = self.cpp_wrapper
         self._counters = torch._dynamo.utils.counters
-        fn = torch.compile(case.model, dynamic=True)
+        fn = torch.compile(case.model, dynamic=True, mode=self.mode)
 
         def run(inputs):
             with torch.no_grad():
@@ -121,9 +145,20 @@ class TorchCompileFreezing(TorchCompile):
     freezing = True
 
 
+class TorchCompileMaxAutotune(TorchCompile):
+    """Inductor at its most: `mode="max-autotune"` (GEMM templates benchmarked against the
+    library's), freezing and the C++ wrapper (`cpp_wrapper`: host code in C++, not Python)."""
+
+    name = "torch-compile-max-autotune"
+    freezing = True
+    mode = "max-autotune"
+    cpp_wrapper = True
+
+
 class OnnxRuntime(Engine):
     name = "onnxruntime"
     requires = ("onnxruntime", "onnxscript")
+    optimize = False
 
     def recompiles(self):
         return 0  # one session serves every shape of the dynamic axes
@@ -133,6 +168,8 @@ class OnnxRuntime(Engine):
 
         path = os.path.join(workdir, f"{case.name}.onnx")
         names = export_onnx(case, path)
+        if self.optimize:
+            path = transformer_optimized(case.name, path)
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
@@ -141,6 +178,25 @@ class OnnxRuntime(Engine):
             return sess.run(None, {k: inputs[k].numpy() for k in names})
 
         return run
+
+
+def transformer_optimized(name: str, path: str) -> str:
+    """The ONNX file through ONNX Runtime's transformer optimizer (`onnxruntime.transformers.
+    optimizer`: fused attention, SkipLayerNorm, BiasGelu, ...), as its docs tell BERT and GPT-2
+    users to run it; a model it has no type for is optimised as BERT, its generic encoder."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    kind = "gpt2" if "gpt" in name else "t5" if "t5" in name else "vit" if "vit" in name else "bert"
+    out = path.replace(".onnx", "-optimized.onnx")
+    optimize_model(path, model_type=kind, num_heads=0, hidden_size=0, opt_level=2).save_model_to_file(out)
+    return out
+
+
+class OnnxRuntimeOptimized(OnnxRuntime):
+    """ONNX Runtime on the file its transformer optimizer wrote (`transformer_optimized`)."""
+
+    name = "onnxruntime-optimized"
+    optimize = True
 
 
 class OpenVino(Engine):
@@ -157,9 +213,11 @@ class OpenVino(Engine):
         path = os.path.join(workdir, f"{case.name}.onnx")
         names = export_onnx(case, path)
         core = ov.Core()
-        compiled = core.compile_model(
-            core.read_model(path), "CPU", {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": self.precision}
-        )
+        config = {"PERFORMANCE_HINT": "LATENCY"}
+        if self.precision:
+            config["INFERENCE_PRECISION_HINT"] = self.precision
+        compiled = core.compile_model(core.read_model(path), "CPU", config)
+        self.note = f"computes in {compiled.get_property('INFERENCE_PRECISION_HINT')}"
         request = compiled.create_infer_request()
 
         def run(inputs):
@@ -176,11 +234,19 @@ class OpenVinoBf16(OpenVino):
     precision = "bf16"
 
 
+class OpenVinoDefault(OpenVino):
+    """OpenVINO as a user gets it: no precision hint, so bf16 on CPUs with bf16 or AMX
+    instructions and f32 elsewhere (the report's engine notes say which it took)."""
+
+    name = "openvino-default"
+    precision = ""
+
+
 ENGINES: dict[str, type[Engine]] = {
     e.name: e
     for e in (
-        Symfuse, SymfuseBf16, SymfuseOnnx, Eager, TorchCompile, TorchCompileFreezing, OnnxRuntime, OpenVino,
-        OpenVinoBf16,
+        Symfuse, SymfuseFresh, SymfuseBf16, SymfuseOnnx, Eager, TorchCompile, TorchCompileFreezing,
+        TorchCompileMaxAutotune, OnnxRuntime, OnnxRuntimeOptimized, OpenVino, OpenVinoDefault, OpenVinoBf16,
     )
 }  # fmt: skip
 PEERS = [n for n in ENGINES if not n.startswith("symfuse")]

@@ -14,7 +14,7 @@ def _fmt(v, spec: str = ".2f", none: str = "-") -> str:
 
 def _status(e: dict) -> str:
     if e["status"] == "ok":
-        return "ok"
+        return f"ok ({e['detail']})" if e.get("detail") else "ok"
     text = f"{e['status']}: {e['detail'][:90]}" if e["detail"] else e["status"]
     return text + (f" (log: {e['log']})" if e["status"] == "failed" and e.get("log") else "")
 

@@ -300,7 +300,7 @@ def main() -> int:
         traceback.print_exc()  # the whole story goes to the worker's log
         reply({"status": "failed", "detail": short_error(e)})
         return 0
-    reply({"status": "ready", "prepare_s": prepare_s})
+    reply({"status": "ready", "prepare_s": prepare_s, "detail": engine.note})
     refs: dict = {}
     for line in sys.stdin:
         req = json.loads(line)

@@ -22,8 +22,8 @@ from symfuse.codegen.cpu.build import build
 from symfuse.codegen.cpu.calibrate import BUSY, Calibration, OtherProcesses, _switch_point
 from symfuse.codegen.cpu.gemm import bf16_multiplies, chunk_choices, has_bf16_rows, tile_for
 from symfuse.errors import BuildError
-from symfuse.options import Options, parse_thresholds
-from symfuse.runtime.switches import ROWS, STREAMED, weight_traffic
+from symfuse.options import THRESHOLD_KINDS, Options, parse_thresholds
+from symfuse.runtime.switches import KEYS, ROWS, STREAMED, weight_traffic
 
 AVX2 = ("avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "lzcnt", "movbe", "os_avx")
 AVX512 = AVX2 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "os_avx512")
@@ -192,7 +192,7 @@ def quiet(monkeypatch):
 
 def test_switch_points_are_measured_once_and_cached(tmp_path, monkeypatch, quiet):
     target = tg.detect("g++")
-    opts = Options(machine_dir=str(tmp_path))
+    opts = Options(switch_points="measure", machine_dir=str(tmp_path))
     calls = []
 
     def measure(self, kind, shape, traffic):
@@ -205,10 +205,39 @@ def test_switch_points_are_measured_once_and_cached(tmp_path, monkeypatch, quiet
     assert Calibration(target, opts).get("linear_rows", (768, 3072), STREAMED).value == 32
     assert calls == [("linear_rows", (768, 3072), STREAMED)]
     assert len(os.listdir(tmp_path)) == 1 and target.key in os.listdir(tmp_path)[0]
-    manual = Calibration(target, Options(machine_dir=str(tmp_path), thresholds=(("linear_rows", 5),)))
+    manual = Calibration(
+        target, Options(switch_points="measure", machine_dir=str(tmp_path), thresholds=(("linear_rows", 5),))
+    )
     th = manual.get("linear_rows", (768, 3072))
     assert th.value == 5 and "set by hand" in th.source and len(calls) == 1
     assert "symfuse's row kernel up to 5 rows, oneDNN above (set by hand" in th.describe()
+
+
+def test_by_default_switch_points_come_from_the_model_of_the_cpu_and_measured_ones_win(tmp_path, monkeypatch, quiet):
+    """A first compile measures nothing: every kind gets the model's value at once, and no
+    file is written; a value measured on this machine (`symfuse tune`) is used from then on."""
+    from symfuse.codegen.cpu.calibrate import MODELLED, modelled
+
+    target = tg.detect("g++")
+
+    def measure(self, kind, shape, traffic):
+        raise AssertionError(f"measured {kind} under switch_points='model'")
+
+    monkeypatch.setattr(Calibration, "_measure", measure)
+    cal = Calibration(target, Options(machine_dir=str(tmp_path)))
+    for kind in THRESHOLD_KINDS:
+        shape = (768, 3072) if kind.startswith("linear") else (64,) if kind.startswith("att") else ()
+        th = cal.get(kind, shape)
+        assert th.source == MODELLED and th.value == modelled(kind, shape, target), kind
+        assert th.value > 0 or kind == "bf16_multiply", kind  # 0: vdpbf16ps
+    assert cal.get("attention_keys", (64,)).value == KEYS[-1]
+    assert os.listdir(tmp_path) == []
+    monkeypatch.setattr(Calibration, "_measure", lambda self, kind, shape, traffic: (24, {}))
+    Calibration(target, Options(machine_dir=str(tmp_path), switch_points="measure")).get("linear_rows", (768, 3072))
+    th = Calibration(target, Options(machine_dir=str(tmp_path))).get("linear_rows", (768, 3072))
+    assert th.value == 24 and "measured on this machine" in th.source
+    with pytest.raises(ValueError, match="switch_points must be 'model' or 'measure'"):
+        Options.from_env(switch_points="guess")
 
 
 def test_linear_switch_points_are_measured_after_the_models_weights_pass_through_the_caches(
@@ -231,13 +260,13 @@ def test_linear_switch_points_are_measured_after_the_models_weights_pass_through
         return {4 * mib: 8, 16 * mib: 64, STREAMED: 16}.get(traffic, 0), {}
 
     monkeypatch.setattr(Calibration, "_measure", measure)
-    cal = Calibration(target, Options(machine_dir=str(tmp_path)))
+    cal = Calibration(target, Options(switch_points="measure", machine_dir=str(tmp_path)))
     seen = {t: cal.get("linear_rows", (256, 1024), t) for t in (4 * mib, 16 * mib, STREAMED)}
     assert [th.value for th in seen.values()] == [8, 64, 16]
     assert not seen[4 * mib].source.endswith("MiB") and seen[16 * mib].source.endswith("after 16 MiB of weights")
     keys = json.loads((tmp_path / os.listdir(tmp_path)[0]).read_text())
     assert {"linear_rows 256x1024", "linear_rows 256x1024 through 16 MiB", "linear_rows 256x1024 streamed"} <= set(keys)
-    again = Calibration(target, Options(machine_dir=str(tmp_path)))
+    again = Calibration(target, Options(switch_points="measure", machine_dir=str(tmp_path)))
     assert again.get("linear_rows", (256, 1024), 16 * mib).value == 64 and len(calls) == 3  # read, not measured
     assert "MiB" not in again.get("attention_keys", (64,), 16 * mib).source
 
@@ -256,13 +285,15 @@ def test_linear_switch_points_time_the_row_kernel_a_model_runs(tmp_path, monkeyp
 
     monkeypatch.setattr(calibrate, "row_kernel", spy)
     chunk = chunk_choices(target)[-1]
-    cal = Calibration(target, Options(machine_dir=str(tmp_path), thresholds=(("row_chunk", chunk),)))
+    cal = Calibration(
+        target, Options(switch_points="measure", machine_dir=str(tmp_path), thresholds=(("row_chunk", chunk),))
+    )
     setup, panels, rows, library, refresh = cal._linear(40, 24, 0, split=2)
     assert sorted(built) == [(False, chunk), (True, chunk)]
     setup(7)
     refresh()
     assert panels() > 0 and rows() > 0 and library() > 0  # each runs, timed
-    measured = Calibration(target, Options(machine_dir=str(tmp_path)))
+    measured = Calibration(target, Options(switch_points="measure", machine_dir=str(tmp_path)))
     monkeypatch.setattr(Calibration, "_chunk", lambda self: (chunk_choices(target)[0], {}))
     built.clear()
     measured._linear(40, 24, 0)
@@ -285,7 +316,7 @@ def test_the_row_kernels_chunk_by_hand_builds_it_and_keys_the_switch_points_meas
 
     monkeypatch.setattr(Calibration, "_measure", measure)
     g = torch.nn.Linear(40, 24)
-    common = dict(cache_dir=str(tmp_path / "k"), machine_dir=str(tmp_path / "m"))
+    common = dict(cache_dir=str(tmp_path / "k"), machine_dir=str(tmp_path / "m"), switch_points="measure")
     plain = symfuse.compile(torch.nn.Softmax(-1), (torch.randn(3, 40),), {"input": {0: "M"}}, **common)
     assert calls == [] and "walks a weight panel" not in plain.explain(with_graph=False)
     c = symfuse.compile(g, (torch.randn(3, 40),), {"input": {0: "M"}}, thresholds={"row_chunk": 24}, **common)
@@ -318,7 +349,9 @@ def test_a_band_where_the_library_wins_is_measured_above_the_row_kernels_switch_
         return setup, own, own, library, lambda: None
 
     monkeypatch.setattr(Calibration, "_linear", linear)
-    cal = Calibration(target, Options(machine_dir=str(tmp_path), thresholds=(("linear_split", 6),)))
+    cal = Calibration(
+        target, Options(switch_points="measure", machine_dir=str(tmp_path), thresholds=(("linear_split", 6),))
+    )
     assert cal.get("linear_rows", (64, 96)).value == 32
     band = cal.get("linear_library", (64, 96))
     assert (
@@ -329,14 +362,16 @@ def test_a_band_where_the_library_wins_is_measured_above_the_row_kernels_switch_
     ) == [48, 64, 96, 128, 192, 256]
     assert cal.get("linear_library", (64, 80)).value == ROWS[-1]
     assert "oneDNN at every size" in cal.get("linear_library", (64, 80)).describe()
-    manual = Calibration(target, Options(machine_dir=str(tmp_path), thresholds=(("linear_rows", 5),)))
+    manual = Calibration(
+        target, Options(switch_points="measure", machine_dir=str(tmp_path), thresholds=(("linear_rows", 5),))
+    )
     th = manual.get("linear_library", (64, 96))
     assert th.value == ROWS[-1] and th.source == "linear_rows set by hand (thresholds / SYMFUSE_THRESHOLDS)"
 
 
 def test_switch_points_measured_on_a_busy_machine_are_used_but_not_kept(tmp_path, monkeypatch, caplog):
     target = tg.detect("g++")
-    opts = Options(machine_dir=str(tmp_path))
+    opts = Options(switch_points="measure", machine_dir=str(tmp_path))
     calls = []
 
     def measure(self, kind, shape, traffic):
@@ -383,7 +418,9 @@ def test_other_processes_share_of_the_cores():
 
 def test_switch_points_measured_on_this_machine(tmp_path, quiet):
     target = tg.detect("g++")
-    cal = Calibration(target, Options(cache_dir=str(tmp_path / "k"), machine_dir=str(tmp_path / "m")))
+    cal = Calibration(
+        target, Options(cache_dir=str(tmp_path / "k"), machine_dir=str(tmp_path / "m"), switch_points="measure")
+    )
     rows = cal.get("linear_rows", (64, 96))
     assert rows.value == 0 or rows.value in ROWS
     split = cal.get("linear_split", (64, 96))  # measured first: linear_rows times the row kernel as the host runs it

@@ -1,7 +1,10 @@
 """Every built-in model through its ONNX export: imported once, run at shapes of its sweep
 (1, primes, multiples of 16) against onnxruntime on the same file and against eager."""
 
+import importlib.util
+
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -47,3 +50,31 @@ def test_builtin_model_from_onnx(name, tmp_path):
             eager = flat_outputs(case.model(**inputs))
         assert rel_err(got[0], eager[0]) < 1e-4
     assert symfuse.compile_count() == before + 1
+
+
+def test_bench_peers_at_their_best_prepare_and_agree_with_eager(tmp_path):
+    """The bench's ONNX Runtime with its transformer optimizer (fused attention and layer
+    norms in the file it writes), OpenVINO at its default precision (the engine says which),
+    and symfuse's first compile on a fresh kernel cache and machine folder: each prepares
+    bert-small and answers like eager."""
+    from symfuse.bench.engines import ENGINES
+
+    case = load("bert-small")
+    inputs = case.inputs(B=2, S=13)
+    with torch.no_grad():
+        want = flat_outputs(case.model(**inputs))
+    names = ["onnxruntime-optimized", "symfuse-fresh"]
+    if importlib.util.find_spec("openvino") is not None:
+        names.append("openvino-default")
+    for name in names:
+        engine = ENGINES[name]()
+        run = engine.prepare(case, str(tmp_path / name))
+        got = [torch.as_tensor(np.asarray(g)) for g in run(inputs)]
+        assert rel_err(got, want) < 1e-3, name
+        if name == "openvino-default":
+            assert engine.note.startswith("computes in "), engine.note
+    optimized = [f for f in (tmp_path / "onnxruntime-optimized").iterdir() if f.name.endswith("-optimized.onnx")]
+    ops = {n.op_type for n in onnx.load(str(optimized[0])).graph.node}
+    assert {"Attention", "SkipLayerNormalization"} & ops or "MultiHeadAttention" in ops, sorted(ops)
+    fresh = tmp_path / "symfuse-fresh"
+    assert any((fresh / "fresh-machine").iterdir()) and any((fresh / "fresh-kernels").iterdir())

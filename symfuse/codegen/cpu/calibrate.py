@@ -91,6 +91,46 @@ BUSY = 0.1  # other processes' share of this process's cores above which a measu
 _UNKEPT: dict[tuple[str, str], dict] = {}  # (file, key) -> a measurement not kept, for this process
 
 
+MODELLED = "modelled from this CPU (`symfuse tune` measures it)"
+
+
+def modelled(kind: str, shape: tuple[int, ...], target: Target) -> int:
+    """A switch point from what the target says of its CPU (ISA, registers, cores, caches), for
+    a first compile that measures nothing. From the values measured on AMD EPYC Zen 4 with
+    AVX-512 and with AVX2 (`symfuse tune`; docs/performance.md's switch point table):
+
+    - the merged attention kernel beat torch's fused attention and the three steps at every
+      length measured (8 to 512 keys, head sizes 4 to 64, float32 and bf16), by 1.3-3x;
+    - the row kernel beat oneDNN by about 2x up to 16 rows (oneDNN's call costs 20-30 us),
+      and above that both stream the weights at the same rate: within 3% of each other at
+      every size with 32 vector registers (AVX-512), within about 10% with 16 (AVX2), where
+      oneDNN's larger blocking wins from a few hundred rows;
+    - the row kernel's threads on the weights' panels beat its threads on the rows while there
+      are at most a block of rows (the tile's) per core; AMX blocks 16 rows; with weights
+      beyond the L2 caches (each thread on rows streams them all) up to 64 rows at least: on
+      BERT-base at 14-16 rows, threads on rows above 12 made the whole model 1.35x slower
+      (`python bench/switch_points.py`), while panels lose at most 2% a layer up to 64 rows;
+    - a chunk of a quarter of L2 where L1 is small (32 KiB), else of two thirds of L1
+      (`chunk_choices`), and bf16 products by AMX tiles where the CPU has them, else by
+      `vdpbf16ps`."""
+    wide = target.registers >= 32  # AVX-512: 32 vector registers
+    if kind == "row_chunk":  # a small L1 (Zen 4's 32 KiB): the quarter of L2 streamed BERT-base 6% faster
+        return chunk_choices(target)[-1] if target.l1d <= 32 * 1024 else chunk_choices(target)[0]
+    if kind == "bf16_multiply":
+        return 2 if 2 in bf16_multiplies(target) else 0
+    if kind.startswith("attention_keys"):
+        return KEYS[-1]
+    if kind.startswith("linear_split"):
+        rows = 16 if kind.endswith("_bf16") and "amx_bf16" in target.extensions else tile_for(target).rows
+        block = rows * max(1, target.cores)
+        weights = shape[0] * shape[1] * (2 if kind.endswith("_bf16") else 4)
+        # weights beyond the L2 caches: threads on rows would each stream all of them
+        return max(block, 64) if weights > target.l2 * max(1, target.cores) else block
+    if kind.startswith(("linear_rows", "linear_library")):
+        return ROWS[-1] if wide or kind.startswith("linear_library") else 256
+    raise ValueError(f"unknown threshold kind {kind!r}")
+
+
 class Calibration:
     """The switch points of one target on this CPU: read from the cache, else measured."""
 
@@ -138,6 +178,8 @@ class Calibration:
             key += f" chunk {self.manual['row_chunk']}"  # measured on a row kernel with that chunk
         entries = self._load()
         e = entries.get(key) or _UNKEPT.get((self.path, key))
+        if e is None and self.opts.switch_points == "model":
+            return Threshold(kind, shape, modelled(kind, shape, self.target), MODELLED)
         if e is None:
             what = f"{key.strip()} {'value' if kind in BUILD_KINDS else 'switch point'}"
             log.info("symfuse: measuring the %s on this machine (%s), once", what, self.target.isa)
