@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from symfuse.codegen.cpu.compile import compile_program
+from symfuse.codegen.cpu.compile import compile_program, prebuild
 from symfuse.codegen.gpu.compile import compile_gpu
 from symfuse.frontend import Captured, capture, is_onnx
 from symfuse.frontend.decoder import capture_decoder, generates
@@ -82,6 +82,11 @@ def _on_cpu(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model).cpu()
 
 
+def _has_linear_weights(model: torch.nn.Module) -> bool:
+    """Whether the module holds a matrix as large as a linear layer's (what the row GEMM runs)."""
+    return any(p.dim() == 2 and p.numel() >= 4096 for p in model.parameters())
+
+
 def compile(  # noqa: A001
     model: Any, example_inputs: Any = None, dynamic: Any = None, *, backend: str | None = None, **options
 ) -> CompiledModule | Decoder:
@@ -125,6 +130,8 @@ def compile(  # noqa: A001
             pytree.tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, example_inputs),
         )
     spec = None
+    if isinstance(model, torch.nn.Module) and _has_linear_weights(model):
+        prebuild(opts)  # the row GEMM compiles on another core while the model is captured
     if is_onnx(model):
         if example_inputs is not None:
             raise ValueError("an ONNX model needs no example inputs; pass `dynamic` to rename or bound its dims")

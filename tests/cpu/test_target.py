@@ -452,3 +452,27 @@ def test_thresholds_by_hand_are_checked():
         parse_thresholds("linear_rows=-1", "X")
     with pytest.raises(ValueError, match="thresholds: expected kind=rows"):
         Options.from_env(thresholds="linear_rows")
+
+
+def test_the_row_gemm_is_one_object_every_model_shares_and_compiles_ahead_of_capture(tmp_path):
+    """A library with linear layers is two translation units built at once: the row GEMM (with
+    the tile instances), the same for every model of the target, and the model's kernels. The
+    GEMM's object file is compiled once (by `prebuild`, on another core while a model is
+    captured), and each model then compiles only its own part."""
+    from symfuse.codegen.cpu.compile import prebuild
+
+    cache = tmp_path / "k"
+    objects = lambda: sorted(p.name for p in cache.iterdir() if p.name.endswith(".o"))  # noqa: E731
+    opts = Options(cache_dir=str(cache), machine_dir=str(tmp_path / "m"))
+    prebuild(opts).join()
+    assert len(objects()) == 1
+    models = [torch.nn.Sequential(torch.nn.Linear(96, 64), torch.nn.GELU(), torch.nn.Linear(64, 80)),
+              torch.nn.Sequential(torch.nn.Linear(96, 128), torch.nn.Tanh())]  # fmt: skip
+    for i, m in enumerate(models):
+        c = symfuse.compile(m, (torch.randn(4, 96),), {"input": {0: "M"}}, cache_dir=str(cache),
+                            machine_dir=str(tmp_path / "m"))  # fmt: skip
+        assert len(c.native.generated.parts) == 2 and "#define SF_ROWS_ELSEWHERE" in c.native.generated.parts[1]
+        assert len(objects()) == 2 + i  # the GEMM's object reused: one new object, the model's
+        for x in (torch.randn(1, 96), torch.randn(37, 96)):
+            assert torch.allclose(c(x), m(x), rtol=1e-4, atol=1e-5)
+    assert prebuild(Options(cache_dir=str(cache), switch_points="measure")) is None  # measuring wants the cores

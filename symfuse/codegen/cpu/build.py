@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 import time
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from symfuse.codegen.cache import cache_folder, fallback, private
 from symfuse.codegen.cpu.toolchain import HINT, compiler_version, no_compiler
@@ -45,24 +45,48 @@ def _valid(lib: str) -> bool:
 
 
 def _compile(source: str, cxx: str, flags: list[str], target: Target, lib: str, folder: str) -> None:
-    fd, src = tempfile.mkstemp(prefix=".build-", suffix=".cpp", dir=folder)  # (dot files: `cache clear` skips them)
-    with os.fdopen(fd, "w") as f:
-        f.write(source)
-    tmp = src[:-4] + ".so"
-    cmd = [cxx, *flags, "-shared", src, "-o", tmp] + (["-lmvec"] if target.libmvec else [])
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True)
-    except OSError as e:
-        raise BuildError(no_compiler(cxx, str(e))) from e
-    finally:
-        os.unlink(src)
-    if r.returncode != 0:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise BuildError(
-            f"generated C++ failed to compile with {cxx!r} (CXX) for {target.isa}:\n  {' '.join(cmd)}\n"
-            f"{r.stderr[-4000:]}\nSet CXX to another g++ or clang++, SYMFUSE_ISA to another ISA, or use {HINT}"
-        )
+    """`source` compiled to `lib`: a shared library, or an object file where `lib` ends in `.o`."""
+    _Compilation(source, cxx, flags, target, lib, folder).finish()
+
+
+class _Compilation:
+    """One g++ run, started now and finished (checked, stamped, moved into place) by `finish`:
+    a library's translation units compile at once from the calling thread (g++ started from
+    worker threads hangs under qemu-user, which the emulated-CPU tests run in)."""
+
+    def __init__(self, source: str, cxx: str, flags: list[str], target: Target, lib: str, folder: str) -> None:
+        fd, self.src = tempfile.mkstemp(prefix=".build-", suffix=".cpp", dir=folder)  # (`cache clear` skips dot files)
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+        obj = lib.endswith(".o")
+        self.tmp = self.src[:-4] + (".o" if obj else ".so")
+        self.cmd = [cxx, *flags, "-c" if obj else "-shared", self.src, "-o", self.tmp]
+        self.cmd += [] if obj or not target.libmvec else ["-lmvec"]
+        self.cxx, self.target, self.lib, self.folder = cxx, target, lib, folder
+        try:
+            self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        except OSError as e:
+            os.unlink(self.src)
+            raise BuildError(no_compiler(cxx, str(e))) from e
+
+    def finish(self) -> None:
+        try:
+            _, err = self.proc.communicate()
+        finally:
+            os.unlink(self.src)
+        if self.proc.returncode != 0:
+            if os.path.exists(self.tmp):
+                os.unlink(self.tmp)
+            raise BuildError(
+                f"generated C++ failed to compile with {self.cxx!r} (CXX) for {self.target.isa}:\n  "
+                f"{' '.join(self.cmd)}\n{err[-4000:]}\nSet CXX to another g++ or clang++, SYMFUSE_ISA to another "
+                f"ISA, or use {HINT}"
+            )
+        _place(self.tmp, self.lib, self.folder)
+
+
+def _place(tmp: str, lib: str, folder: str) -> None:
+    """A finished build moved into the cache with its checksum beside it."""
     digest = file_sha256(tmp)
     os.replace(tmp, lib)
     fd, tmp_stamp = tempfile.mkstemp(prefix=".build-", dir=folder)
@@ -88,34 +112,108 @@ def _check_sanitizer_runtime() -> None:
         )
 
 
-def build(source: str, target: Target, opts: Options, extra: tuple[str, ...] = ()) -> tuple[str, bool, float]:
-    """Path of the library built from `source` for `target` (with `extra` flags), whether it
-    came from the cache, seconds spent."""
+def _flags(target: Target, opts: Options, extra: tuple[str, ...] = ()) -> list[str]:
     flags = list(target.all_flags) + list(extra)
     if opts.sanitize:
         flags += SANITIZE_FLAGS
         _check_sanitizer_runtime()
+    return flags
+
+
+def build_object(source: str, target: Target, opts: Options) -> str:
+    """The object file of one translation unit, as `build` of a tuple of sources compiles it
+    (cached; `build` then finds it, or waits for the process or thread compiling it)."""
+    return _object(cache_folder(opts.kernel_cache), source, target.cxx, _flags(target, opts), target)
+
+
+def build(
+    source: str | tuple[str, ...], target: Target, opts: Options, extra: tuple[str, ...] = ()
+) -> tuple[str, bool, float]:
+    """Path of the library built from `source` for `target` (with `extra` flags), whether it
+    came from the cache, seconds spent. A tuple of sources is one library of as many
+    translation units, compiled at once (one g++ each) into object files that are cached too,
+    so a part two libraries share (the row GEMM of a target) is compiled once."""
+    flags = _flags(target, opts, extra)
     cxx = target.cxx
-    key = hashlib.sha256("\0".join([source, target.key, compiler_version(cxx), *flags]).encode()).hexdigest()[:24]
+    parts = (source,) if isinstance(source, str) else tuple(source)
+    key = _key(parts, target, cxx, flags)
     folder = cache_folder(opts.kernel_cache)
     t0 = time.perf_counter()
     try:
-        return _build_in(folder, source, cxx, flags, target, key, t0)
+        return _build_in(folder, parts, cxx, flags, target, key, t0)
     except OSError as e:  # a full disk, or a folder that stopped taking writes: build privately
         if folder == private.get("folder"):
             raise
         folder = fallback(folder, f"could not be written ({e})")
-        return _build_in(folder, source, cxx, flags, target, key, t0)
+        return _build_in(folder, parts, cxx, flags, target, key, t0)
 
 
-def _build_in(folder: str, source: str, cxx: str, flags: list[str], target: Target, key: str, t0: float):
+def _key(parts: tuple[str, ...], target: Target, cxx: str, flags: list[str]) -> str:
+    text = "\0".join([*parts[:1], *(f"\0part\0{p}" for p in parts[1:]), target.key, compiler_version(cxx), *flags])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _build_in(folder: str, parts: tuple[str, ...], cxx: str, flags: list[str], target: Target, key: str, t0: float):
     lib = os.path.join(folder, f"{target.key}-{key}.so")  # named by target: `symfuse cache info`
     # one process builds an entry while others wait for it (then hit), instead of all building it
     with FileLock(lib + ".lock"):
         if _valid(lib):
             return lib, True, time.perf_counter() - t0
-        _compile(source, cxx, flags, target, lib, folder)
+        if len(parts) == 1:
+            _compile(parts[0], cxx, flags, target, lib, folder)
+        else:
+            _link(_objects(folder, parts, cxx, flags, target), cxx, flags, target, lib, folder)
     return lib, False, time.perf_counter() - t0
+
+
+def _object_path(folder: str, source: str, cxx: str, flags: list[str], target: Target) -> str:
+    return os.path.join(folder, f"{target.key}-{_key((source,), target, cxx, flags)}.o")
+
+
+def _object(folder: str, source: str, cxx: str, flags: list[str], target: Target) -> str:
+    """The object file of one translation unit, from the cache or compiled now."""
+    obj = _object_path(folder, source, cxx, flags, target)
+    with FileLock(obj + ".lock"):
+        if not _valid(obj):
+            _compile(source, cxx, flags, target, obj, folder)
+    return obj
+
+
+def _objects(folder: str, parts: tuple[str, ...], cxx: str, flags: list[str], target: Target) -> list[str]:
+    """The object file of each translation unit: those not cached compile at once; one another
+    thread or process is compiling (`prebuild`) is waited for after ours have started."""
+    running, busy, held = [], [], []
+    try:
+        for source in parts:
+            obj = _object_path(folder, source, cxx, flags, target)
+            lock = FileLock(obj + ".lock")
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                busy.append(source)
+                continue
+            held.append(lock)
+            if not _valid(obj):
+                running.append(_Compilation(source, cxx, flags, target, obj, folder))
+        for compilation in running:
+            compilation.finish()
+    finally:
+        for lock in held:
+            lock.release()
+    for source in busy:
+        _object(folder, source, cxx, flags, target)
+    return [_object_path(folder, source, cxx, flags, target) for source in parts]
+
+
+def _link(objects: list[str], cxx: str, flags: list[str], target: Target, lib: str, folder: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=folder)
+    os.close(fd)
+    cmd = [cxx, *flags, "-shared", *objects, "-o", tmp] + (["-lmvec"] if target.libmvec else [])
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        os.unlink(tmp)
+        raise BuildError(f"linking the generated library failed with {cxx!r}:\n  {' '.join(cmd)}\n{r.stderr[-4000:]}")
+    _place(tmp, lib, folder)
 
 
 @functools.cache

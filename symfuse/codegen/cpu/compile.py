@@ -8,13 +8,15 @@ stage for `explain` and writes every stage to the dump folder when asked.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import torch
 
+from symfuse.codegen.cpu.build import build_object, kernel_caller
 from symfuse.codegen.cpu.calibrate import Calibration
-from symfuse.codegen.cpu.gemm import has_bf16_rows
-from symfuse.codegen.cpu.generate import build_generated, generate, make_program
+from symfuse.codegen.cpu.gemm import has_bf16_rows, tile_for
+from symfuse.codegen.cpu.generate import build_generated, gemm_part, generate, make_program
 from symfuse.codegen.cpu.target import detect
 from symfuse.codegen.precision import cpu_bf16_missing
 from symfuse.codegen.stages import dump_stages
@@ -76,6 +78,34 @@ def compile_program(
     if opts.dump_dir:
         dump_stages(opts.dump_dir, graph, gen.te, gen.plan, ("4_kernels.cpp", gen.source), host.source)
     return Backend(program, target, thresholds, host, gen.gathers, gen.tile, built.cached, t, gen, precision_note=note)
+
+
+def prebuild(opts: Options) -> threading.Thread | None:
+    """Start compiling, on another core, what this machine's libraries are built with whatever
+    the model: the row GEMM's translation unit (`generate.gemm_part`, the most of a build) and
+    the kernel caller. `symfuse.compile` calls it before it captures a model with linear layers,
+    so g++ runs while torch.export traces; the build finds them cached, or waits for them. It
+    measures nothing (with `switch_points="measure"` it does not start: the measurements want
+    the cores), and leaves any failure for the build to report."""
+    if opts.backend != "cpu" or opts.switch_points != "model" or opts.sanitize:
+        return None
+
+    def work() -> None:
+        try:
+            target = detect(opts.cxx, opts.isa, opts.machine_cache)
+            cal = Calibration(target, opts)
+            bf16 = opts.precision == "bf16" and has_bf16_rows(target)
+            bf16 = bf16 and not cpu_bf16_missing(target, opts.library_limits)
+            multiply = cal.get("bf16_multiply", ()).value if bf16 else 0
+            tile = tile_for(target, 0 if bf16 else cal.get("row_chunk", ()).value)
+            build_object(gemm_part(target, tile, bf16, multiply), target, opts)
+            kernel_caller(target, opts)
+        except Exception as e:  # noqa: BLE001  (the build itself says what is wrong)
+            log.debug("symfuse: prebuilding the row GEMM failed: %s", e)
+
+    thread = threading.Thread(target=work, name="symfuse-prebuild", daemon=True)
+    thread.start()
+    return thread
 
 
 def switch_points(

@@ -98,12 +98,14 @@ def activation_code(postop: tuple[str, str] | None) -> int:
     return ACTIVATIONS["gelu_tanh" if attr == "gelu" and algo == "tanh" else attr]
 
 
-def gemm_source(tile: Tile, bf16: bool = False, multiply: int = 0) -> str:
+def gemm_source(tile: Tile, bf16: bool = False, multiply: int = 0, rows_elsewhere: bool = False) -> str:
     """The micro-kernel `sf_tile<MR>` and `sf_linear_rows`, for `tile`; with `bf16` also
     `sf_tile_bf16<MR>` and `sf_linear_rows_bf16` (AVX512-BF16 targets only), multiplying as
-    `BF16_MULTIPLY[multiply]` says."""
+    `BF16_MULTIPLY[multiply]` says. `rows_elsewhere`: the row GEMM declared, not defined (for
+    the translation unit of a model's kernels; the other one defines it)."""
     tiles = lambda pf: ", ".join(f"sf_tile<{m}, {pf}>" for m in range(1, tile.rows + 1))  # noqa: E731
-    out = defines(
+    out = "#define SF_ROWS_ELSEWHERE 1\n" if rows_elsewhere else ""
+    out += defines(
         MR=tile.rows,
         NV=tile.vectors,
         KC=tile.chunk,

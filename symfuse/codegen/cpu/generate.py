@@ -60,6 +60,9 @@ class Generated:
     source: str
     tile: Tile
     symbols: list[str]  # the order of `sym[]`, the sizes every kernel reads
+    # the translation units built into the library, at once (`build`): the row GEMM's and the
+    # model's, or `source` alone; `source` is them in one (what dumps show, what cross-compiles)
+    parts: tuple[str, ...] = ()
 
     def step(self, name: str) -> NativeStep:
         return find_step(self.schedule, name)
@@ -120,12 +123,25 @@ def generate(
     tile = tile_for(target, row_chunk.value if row_chunk else 0)
     # the GEMM micro-kernel only where a step calls it: it is most of a small library's build time
     merged = any(isinstance(st, AttentionStep) and st.name in kernels for st in sched.steps)
-    gemm = gemm_source(tile, bf16, multiply) if host.panels or merged else ""
+    uses_gemm = bool(host.panels or merged)
+    gemm = gemm_source(tile, bf16, multiply) if uses_gemm else ""
     own = "\n\n".join(k.source for k in kernels.values() if not k.function)
     run = "\n" + host.run.source if host.run else ""  # the whole call, where every step is the library's
     library = (LSTM_SOURCE if host.lstm else "") + (PAGED_SOURCE if host.paged else "")
     source = preamble(target) + gemm + library + "\n" + own + "\n" + run
-    return Generated(prog, fp, sched, kernels, gathers, host, source, tile, symbols)
+    parts = (source,)
+    if uses_gemm:  # the row GEMM (most of the build) apart: the same for every model of the target
+        rows = gemm_part(target, tile, bf16, multiply)
+        parts = (rows, preamble(target) + gemm_source(tile, bf16, multiply, rows_elsewhere=True) + library + "\n"
+                 + own + "\n" + run)  # fmt: skip
+    return Generated(prog, fp, sched, kernels, gathers, host, source, tile, symbols, parts)
+
+
+def gemm_part(target: Target, tile: Tile, bf16: bool, multiply: int) -> str:
+    """The translation unit of the row GEMM that a library of this target, tile and precision
+    is built with: it depends on no model, so every model of the target shares its object
+    file (and `prebuild` can compile it before a model is captured)."""
+    return preamble(target) + gemm_source(tile, bf16, multiply)
 
 
 @dataclass
@@ -144,7 +160,7 @@ class Built:
 def build_generated(gen: Generated, graph: Graph, target: Target, opts: Options) -> Built:
     """Build `gen`'s C++ for `target`, packing the row kernel's weights while g++ runs."""
     with ThreadPoolExecutor(1) as pool:
-        building = pool.submit(build, gen.source, target, opts)
+        building = pool.submit(build, gen.parts or gen.source, target, opts)
         calling = pool.submit(kernel_caller, target, opts)  # then the kernel caller (once a process)
         t0 = time.perf_counter()
         consts = {v.name: tensor for v, tensor in graph.constants.items()}

@@ -3,6 +3,11 @@
 //   SF_MR, SF_NV   rows and vectors of the tile; SF_KC steps of K in a chunk of a panel
 //   SF_TILES, SF_TILES_PF, SF_TILES_NV   the tables of the tile's template instances
 #include <omp.h>
+// A library is built from two translation units at once (codegen/cpu/generate.py): the row GEMM
+// and the tile instances in one, the same for every model of a target, and the model's kernels in
+// the other, which defines SF_ROWS_ELSEWHERE and sees declarations of what it calls; hidden: a
+// library calls its own copy, never another loaded library's
+#define SF_HIDDEN __attribute__((visibility("hidden")))
 // ---- the GEMM micro-kernel: C[MR, nn] = A[MR, K] W (+ bias), or with `add` C += A[MR, K] W;
 // W one panel, its rows SF_PANEL floats apart or, with STRIDED, ldw apart (the merged attention's
 // values read in place: a row of v); with PF, pf_lines lines from `pf` on are prefetched meanwhile,
@@ -75,7 +80,10 @@ static const sf_tile_fn sf_tiles_pf[SF_MR] = {SF_TILES_PF};  // the same, prefet
 // sf_tiles_nv[v - 1][m - 1]: a tile of m rows by v vectors, its panel's rows ldw apart (the merged
 // attention's GEMMs: a panel of fewer keys or value columns than SF_PANEL, at 16 keys or a head of
 // 32 on AVX-512; v read in place)
-static const sf_tile_fn sf_tiles_nv[SF_NV][SF_MR] = {SF_TILES_NV};
+SF_HIDDEN extern const sf_tile_fn sf_tiles_nv[SF_NV][SF_MR];
+#ifndef SF_ROWS_ELSEWHERE
+const sf_tile_fn sf_tiles_nv[SF_NV][SF_MR] = {SF_TILES_NV};
+#endif
 static inline int64_t sf_vectors(int64_t columns) {  // of a panel, to cover `columns` of it
   return std::min<int64_t>(SF_NV, (columns + SF_LANES - 1) / SF_LANES);
 }
@@ -150,9 +158,14 @@ struct sf_grid {
 // blocks of rows (`sf_linear_rows_split`, `sf_grid`); which one wins depends on the shape and the
 // machine, so the host picks per call at a switch point measured per layer (calibrate.py).
 // `sf_rows_gemm_team` is one thread's share, run by every thread of the caller's team (its own in
-// `sf_rows_gemm`, a whole call's in `sf_run`, which ends it with a barrier)
-static void sf_rows_gemm_team(const float* A, int64_t lda, const float* Wp, const float* bias, float* C, int64_t ldc,
-                              int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first) {
+// `sf_rows_gemm`, a whole call's in `sf_run`, which ends it with a barrier).
+// (SF_ROWS_ELSEWHERE: see the top of this file)
+#ifdef SF_ROWS_ELSEWHERE
+SF_HIDDEN void sf_rows_gemm_team(const float* A, int64_t lda, const float* Wp, const float* bias, float* C, int64_t ldc,
+                                 int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first);
+#else
+SF_HIDDEN void sf_rows_gemm_team(const float* A, int64_t lda, const float* Wp, const float* bias, float* C, int64_t ldc,
+                                 int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first) {
   const int64_t panels = (N + SF_PANEL - 1) / SF_PANEL, blocks = (M + SF_MR - 1) / SF_MR;
   const sf_grid g = sf_grid::mine(panels, blocks, M, 1, rows_first);
   // in chunks while the thread's block of C in the panel (added to once a chunk) is at most two
@@ -193,3 +206,4 @@ extern "C" void sf_linear_rows_split(const float* A, int64_t lda, const float* W
                                      int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act) {
   sf_rows_gemm(A, lda, Wp, bias, C, ldc, M, N, K, act, true);
 }
+#endif  // SF_ROWS_ELSEWHERE

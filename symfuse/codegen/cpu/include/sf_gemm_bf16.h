@@ -84,7 +84,10 @@ static inline void sf_tile_dp(const sf_bf16* __restrict__ A, int64_t lda, const 
 }
 typedef void (*sf_tile_dp_fn)(const sf_bf16*, int64_t, const sf_bf16*, float*, int64_t, int64_t);
 // sf_tiles_dp[v - 1][m - 1]: m rows by v vectors; sf_tile_dp_for: the narrowest covering `columns`
-static const sf_tile_dp_fn sf_tiles_dp[SF_NV][SF_MR] = {SF_TILES_DP};
+SF_HIDDEN extern const sf_tile_dp_fn sf_tiles_dp[SF_NV][SF_MR];  // (defined with the row GEMM, sf_gemm.h)
+#ifndef SF_ROWS_ELSEWHERE
+const sf_tile_dp_fn sf_tiles_dp[SF_NV][SF_MR] = {SF_TILES_DP};
+#endif
 static inline sf_tile_dp_fn sf_tile_dp_for(int64_t rows, int64_t columns) {
   return sf_tiles_dp[sf_vectors(columns) - 1][rows - 1];
 }
@@ -216,9 +219,14 @@ __attribute__((target("amx-tile,amx-bf16"))) static void sf_linear_rows_amx(cons
 // C[M, N] = act(A[M, K] W^T + bias) for few rows, in bf16; W packed by pack_panels(bf16=True); the
 // threads on the panels or, with rows_first, on the rows first (sf_grid).
 // `sf_rows_gemm_bf16_team` is one thread's share by vector instructions (not AMX tiles), run by every
-// thread of the caller's team (its own in `sf_rows_gemm_bf16`, a whole call's in `sf_run`)
-static void sf_rows_gemm_bf16_team(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias, sf_bf16* C,
-                                   int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first) {
+// thread of the caller's team (its own in `sf_rows_gemm_bf16`, a whole call's in `sf_run`); in
+// the translation unit of the model's kernels a declaration (sf_gemm.h: SF_ROWS_ELSEWHERE)
+#ifdef SF_ROWS_ELSEWHERE
+SF_HIDDEN void sf_rows_gemm_bf16_team(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias, sf_bf16* C,
+                                      int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first);
+#else
+SF_HIDDEN void sf_rows_gemm_bf16_team(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias, sf_bf16* C,
+                                      int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first) {
   const int64_t panels = (N + SF_PANEL - 1) / SF_PANEL;
   const int64_t step = SF_PAIRS(K) * 2 * SF_PANEL;        // bf16 elements in one panel
   const int64_t lines = (K + 1) / 2 * 2 * SF_PANEL / 32;  // 64-byte lines the kernel reads of a panel
@@ -268,3 +276,4 @@ extern "C" void sf_linear_rows_bf16_split(const sf_bf16* A, int64_t lda, const s
                                           sf_bf16* C, int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act) {
   sf_rows_gemm_bf16(A, lda, Wp, bias, C, ldc, M, N, K, act, true);
 }
+#endif  // SF_ROWS_ELSEWHERE
