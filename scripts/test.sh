@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Install the test dependencies and run lint, the import layers and every test tier.
-# `bash scripts/test.sh quick` runs the unit tier alone (no C++ compiler, about a minute).
+# `bash scripts/test.sh quick` is the first check after a change (a few minutes on 2 cores): lint,
+# the unit tier, and the cpu tier's capture, shape, pass, fusion, TE, bad-input and ONNX tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 if [ "${1:-}" = quick ]; then
-  exec .venv/bin/python -m pytest -q -rs tests/unit
+  .venv/bin/ruff check symfuse tests bench scripts
+  exec .venv/bin/python -m pytest -q -rs tests/unit tests/cpu/test_capture.py tests/cpu/test_bad_inputs.py \
+    tests/cpu/test_fusion.py tests/cpu/test_graph.py tests/cpu/test_passes.py tests/cpu/test_te.py tests/cpu/test_onnx.py
 fi
 # the aarch64 kernel tests cross-compile and run under qemu-user (tests/cpu/test_emulated.py)
 if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/dev/null; then

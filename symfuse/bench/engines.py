@@ -217,7 +217,8 @@ class OpenVino(Engine):
         if self.precision:
             config["INFERENCE_PRECISION_HINT"] = self.precision
         compiled = core.compile_model(core.read_model(path), "CPU", config)
-        self.note = f"computes in {compiled.get_property('INFERENCE_PRECISION_HINT')}"
+        used = compiled.get_property("INFERENCE_PRECISION_HINT")
+        self.note = f"computes in {used.to_string() if hasattr(used, 'to_string') else used}"
         request = compiled.create_infer_request()
 
         def run(inputs):
