@@ -29,6 +29,16 @@ def _times_ms(fn, reps: int) -> list[float]:
 
 
 def cmd_demo(args) -> int:
+    logger = logging.getLogger("symfuse")
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # the demo prints its own lines: a table, not a log
+    try:
+        return _demo(args)
+    finally:
+        logger.setLevel(level)
+
+
+def _demo(args) -> int:
     import symfuse
     from symfuse.bench import harness, report
     from symfuse.bench.engines import flat_outputs
@@ -189,7 +199,6 @@ def cmd_tune(args) -> int:
     every later compile here uses them), and show them beside the model's values."""
     from symfuse.codegen.cpu.calibrate import modelled
 
-    logging.getLogger("symfuse").setLevel(logging.WARNING)  # the table says what was measured
     for model in args.models:
         t0 = time.perf_counter()
         name, compiled, _ = _compile_model(model, args.dynamic, args.precision, switch_points="measure")

@@ -83,3 +83,29 @@ def test_onnx_cli_mistakes_are_one_line_errors(tmp_path, capsys):
     capsys.readouterr()
     assert main(["run", str(tmp_path / "a"), "--input", "y=nothing.npy"]) == 2
     assert "the module's inputs are x" in capsys.readouterr().err
+
+
+def test_demo_prints_a_table_and_makes_its_plot(tmp_path, capsys):
+    """What the README promises of `bash scripts/demo.sh`: a short table, no log lines, and
+    the plot in the output folder."""
+    assert main(["demo", "--model", "bert-small", "--reps", "1", "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "binding" in out and "compilations during the sweep: 0" in out and "symfuse:" not in err
+    assert (tmp_path / "latency.png").stat().st_size > 1000 and f"plot: {tmp_path}" in out
+
+
+def test_tune_measures_the_switch_points_a_model_needs_and_later_compiles_use_them(tmp_path, capsys, monkeypatch):
+    import torch
+
+    import symfuse
+
+    monkeypatch.setenv("SYMFUSE_MACHINE_DIR", str(tmp_path / "machine"))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU())
+    path = str(tmp_path / "linear.onnx")
+    torch.onnx.export(model, (torch.randn(3, 64),), path, input_names=["x"], dynamic_axes={"x": {0: "M"}}, dynamo=False)
+    assert main(["tune", path]) == 0
+    out = capsys.readouterr().out
+    assert "linear_rows" in out and "64x96" in out and "kept in the machine folder" in out
+    c = symfuse.compile(path)
+    sources = {th.kind: th.source for th in c.native.thresholds.values()}
+    assert sources and all("measured on this machine" in s for s in sources.values()), sources
