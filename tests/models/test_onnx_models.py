@@ -68,11 +68,13 @@ def test_bench_peers_at_their_best_prepare_and_agree_with_eager(tmp_path):
         names.append("openvino-default")
     for name in names:
         engine = ENGINES[name]()
+        (tmp_path / name).mkdir()
         run = engine.prepare(case, str(tmp_path / name))
         got = [torch.as_tensor(np.asarray(g)) for g in run(inputs)]
-        assert rel_err(got, want) < 1e-3, name
         if name == "openvino-default":
             assert engine.note.startswith("computes in "), engine.note
+        half = "bf16" in engine.note or "f16" in engine.note  # OpenVINO's default on CPUs with bf16
+        assert rel_err(got, want) < (3e-2 if half else 1e-3), (name, engine.note)
     optimized = [f for f in (tmp_path / "onnxruntime-optimized").iterdir() if f.name.endswith("-optimized.onnx")]
     ops = {n.op_type for n in onnx.load(str(optimized[0])).graph.node}
     assert {"Attention", "SkipLayerNormalization"} & ops or "MultiHeadAttention" in ops, sorted(ops)
