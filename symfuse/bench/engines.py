@@ -53,12 +53,16 @@ class Symfuse(Engine):
     name = "symfuse"
     precision = "fp32"
 
+    def options(self, workdir: str) -> dict:
+        """`symfuse.compile`'s options beside the precision."""
+        return {}
+
     def prepare(self, case, workdir):
         import symfuse
 
         self._symfuse = symfuse
         ex = case.inputs(**case.example)
-        self.compiled = symfuse.compile(case.model, ex, case.dynamic, precision=self.precision)
+        self.compiled = symfuse.compile(case.model, ex, case.dynamic, precision=self.precision, **self.options(workdir))
         self._base = symfuse.compile_count()
         return lambda inputs: flat_outputs(self.compiled(**inputs))
 
@@ -73,17 +77,11 @@ class SymfuseFresh(Symfuse):
 
     name = "symfuse-fresh"
 
-    def prepare(self, case, workdir):
-        import symfuse
-
-        self._symfuse = symfuse
-        ex = case.inputs(**case.example)
-        fresh = dict(
-            cache_dir=os.path.join(workdir, "fresh-kernels"), machine_dir=os.path.join(workdir, "fresh-machine")
-        )
-        self.compiled = symfuse.compile(case.model, ex, case.dynamic, precision=self.precision, **fresh)
-        self._base = symfuse.compile_count()
-        return lambda inputs: flat_outputs(self.compiled(**inputs))
+    def options(self, workdir):
+        return {
+            "cache_dir": os.path.join(workdir, "fresh-kernels"),
+            "machine_dir": os.path.join(workdir, "fresh-machine"),
+        }
 
 
 class SymfuseBf16(Symfuse):

@@ -1139,14 +1139,14 @@ def _one_dimensional(convert):
 @_one_dimensional
 def _conv(cx, n):
     x, w = cx.tensor(n.ins[0]), cx.tensor(n.ins[1])
-    k = _spatial(cx, n, x, "Conv")
+    nd = _spatial(cx, n, x, "Conv")
     bias = cx.tensor(n.input(2)) if n.input(2) is not None else None
     kernel = [int(k) for k in n.attrs.get("kernel_shape", [int(d) for d in w.type.shape[2:]])]
-    strides = tuple(int(s) for s in n.attrs.get("strides", [1] * k))
-    dil = tuple(int(d) for d in n.attrs.get("dilations", [1] * k))
+    strides = tuple(int(s) for s in n.attrs.get("strides", [1] * nd))
+    dil = tuple(int(d) for d in n.attrs.get("dilations", [1] * nd))
     pad, sides = _window_pads(cx, n, x, kernel, strides, dil)
     return cx.emit(
-        f"conv{k}d", [_padded(cx, x, sides, 0.0), w, bias], stride=strides, padding=pad, dilation=dil,
+        f"conv{nd}d", [_padded(cx, x, sides, 0.0), w, bias], stride=strides, padding=pad, dilation=dil,
         groups=int(n.attrs.get("group", 1)),
     )  # fmt: skip
 

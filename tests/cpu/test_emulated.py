@@ -156,12 +156,17 @@ def program(request, tmp_path_factory):
             f"    {name}({ptrs}, sym.data(), 0, 1);\n"
             f'    spill(dir, "out", out.data(), std::atol(argv[3]));\n    return 0;\n  }}'
         )
-    source = gen.source.replace("#include <memory>", "#include <memory>\n#include <string>", 1)
-    source += LSTM_SOURCE + PAGED_SOURCE + HARNESS.replace("@CALLS@", "\n".join(calls))
+    # the library's translation units as the build links them (the row GEMM's apart), the harness
+    # in the model's
+    *gemm, own = gen.parts
+    own = own.replace("#include <memory>", "#include <memory>\n#include <string>", 1)
+    own += LSTM_SOURCE + PAGED_SOURCE + HARNESS.replace("@CALLS@", "\n".join(calls))
     d = tmp_path_factory.mktemp(request.param)
-    src, exe = d / "kernels.cpp", d / "kernels"
-    src.write_text(source)
-    cmd = [target.cxx, *target.all_flags, "-static", str(src), "-o", str(exe)] + (["-lmvec"] if target.libmvec else [])
+    srcs, exe = [d / f"part{i}.cpp" for i in range(len(gen.parts))], d / "kernels"
+    for src, text in zip(srcs, [*gemm, own]):
+        src.write_text(text)
+    cmd = [target.cxx, *target.all_flags, "-static", *map(str, srcs), "-o", str(exe)]
+    cmd += ["-lmvec"] if target.libmvec else []
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     emulator = MACHINES[request.param][2]

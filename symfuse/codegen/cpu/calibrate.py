@@ -97,7 +97,7 @@ MODELLED = "modelled from this CPU (`symfuse tune` measures it)"
 def modelled(kind: str, shape: tuple[int, ...], target: Target) -> int:
     """A switch point from what the target says of its CPU (ISA, registers, cores, caches), for
     a first compile that measures nothing. From the values measured on AMD EPYC Zen 4 with
-    AVX-512 and with AVX2 (`symfuse tune`; docs/performance.md's switch point table):
+    AVX-512 and with AVX2 (`symfuse tune`; docs/benchmarks.md's switch point table):
 
     - the merged attention kernel beat torch's fused attention and the three steps at every
       length measured (8 to 512 keys, head sizes 4 to 64, float32 and bf16), by 1.3-3x;
@@ -113,7 +113,6 @@ def modelled(kind: str, shape: tuple[int, ...], target: Target) -> int:
     - a chunk of a quarter of L2 where L1 is small (32 KiB), else of two thirds of L1
       (`chunk_choices`), and bf16 products by AMX tiles where the CPU has them, else by
       `vdpbf16ps`."""
-    wide = target.registers >= 32  # AVX-512: 32 vector registers
     if kind == "row_chunk":  # a small L1 (Zen 4's 32 KiB): the quarter of L2 streamed BERT-base 6% faster
         return chunk_choices(target)[-1] if target.l1d <= 32 * 1024 else chunk_choices(target)[0]
     if kind == "bf16_multiply":
@@ -127,6 +126,7 @@ def modelled(kind: str, shape: tuple[int, ...], target: Target) -> int:
         # weights beyond the L2 caches: threads on rows would each stream all of them
         return max(block, 64) if weights > target.l2 * max(1, target.cores) else block
     if kind.startswith(("linear_rows", "linear_library")):
+        wide = target.registers >= 32  # AVX-512: 32 vector registers
         return ROWS[-1] if wide or kind.startswith("linear_library") else 256
     raise ValueError(f"unknown threshold kind {kind!r}")
 

@@ -62,7 +62,7 @@ class Generated:
     symbols: list[str]  # the order of `sym[]`, the sizes every kernel reads
     # the translation units built into the library, at once (`build`): the row GEMM's and the
     # model's, or `source` alone; `source` is them in one (what dumps show, what cross-compiles)
-    parts: tuple[str, ...] = ()
+    parts: tuple[str, ...]
 
     def step(self, name: str) -> NativeStep:
         return find_step(self.schedule, name)
@@ -160,7 +160,7 @@ class Built:
 def build_generated(gen: Generated, graph: Graph, target: Target, opts: Options) -> Built:
     """Build `gen`'s C++ for `target`, packing the row kernel's weights while g++ runs."""
     with ThreadPoolExecutor(1) as pool:
-        building = pool.submit(build, gen.parts or gen.source, target, opts)
+        building = pool.submit(build, gen.parts, target, opts)
         calling = pool.submit(kernel_caller, target, opts)  # then the kernel caller (once a process)
         t0 = time.perf_counter()
         consts = {v.name: tensor for v, tensor in graph.constants.items()}

@@ -163,6 +163,10 @@ struct sf_grid {
 #ifdef SF_ROWS_ELSEWHERE
 SF_HIDDEN void sf_rows_gemm_team(const float* A, int64_t lda, const float* Wp, const float* bias, float* C, int64_t ldc,
                                  int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first);
+extern "C" void sf_linear_rows(const float* A, int64_t lda, const float* Wp, const float* bias, float* C, int64_t ldc,
+                               int64_t M, int64_t N, int64_t K, int64_t act);
+extern "C" void sf_linear_rows_split(const float* A, int64_t lda, const float* Wp, const float* bias, float* C,
+                                     int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act);
 #else
 SF_HIDDEN void sf_rows_gemm_team(const float* A, int64_t lda, const float* Wp, const float* bias, float* C, int64_t ldc,
                                  int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first) {

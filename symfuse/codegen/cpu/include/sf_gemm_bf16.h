@@ -224,6 +224,10 @@ __attribute__((target("amx-tile,amx-bf16"))) static void sf_linear_rows_amx(cons
 #ifdef SF_ROWS_ELSEWHERE
 SF_HIDDEN void sf_rows_gemm_bf16_team(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias, sf_bf16* C,
                                       int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first);
+extern "C" void sf_linear_rows_bf16(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias, sf_bf16* C,
+                                    int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act);
+extern "C" void sf_linear_rows_bf16_split(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias,
+                                          sf_bf16* C, int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act);
 #else
 SF_HIDDEN void sf_rows_gemm_bf16_team(const sf_bf16* A, int64_t lda, const sf_bf16* Wp, const sf_bf16* bias, sf_bf16* C,
                                       int64_t ldc, int64_t M, int64_t N, int64_t K, int64_t act, bool rows_first) {
